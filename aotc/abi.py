@@ -1,0 +1,114 @@
+"""The pointer ABI: plain data shared by the compile side and the runtime.
+
+A kernel's entry takes only raw device pointers, 32/64-bit integers, 32-bit
+floats and (later) 128-byte TMA descriptors.  This module describes such a
+parameter list and the launch facts of a compiled kernel.  It imports neither
+``cutlass`` nor ``cuda`` so both halves can use it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# kind -> (size in bytes, alignment in bytes)
+PARAM_KINDS: dict[str, tuple[int, int]] = {
+    "ptr": (8, 8),
+    "i32": (4, 4),
+    "i64": (8, 8),
+    "f32": (4, 4),
+    "tensormap": (128, 64),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"parameter {self.name!r}: unknown kind {self.kind!r}, expected one of {sorted(PARAM_KINDS)}")
+
+    @property
+    def size(self) -> int:
+        return PARAM_KINDS[self.kind][0]
+
+    @property
+    def align(self) -> int:
+        return PARAM_KINDS[self.kind][1]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "size": self.size, "align": self.align}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Param":
+        p = cls(str(d["name"]), str(d["kind"]))
+        if int(d.get("size", p.size)) != p.size or int(d.get("align", p.align)) != p.align:
+            raise ValueError(f"parameter {p.name!r}: recorded size/align {d.get('size')}/{d.get('align')} "
+                             f"disagree with kind {p.kind!r} ({p.size}/{p.align})")
+        return p
+
+
+def layout_offsets(params: tuple[Param, ...]) -> tuple[list[int], int]:
+    """C struct layout of the parameter list: (offset of each parameter, total size)."""
+    offsets, pos = [], 0
+    for p in params:
+        pos = (pos + p.align - 1) // p.align * p.align
+        offsets.append(pos)
+        pos += p.size
+    return offsets, pos
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """The ordered parameter list of one kernel entry and its symbol name."""
+
+    symbol: str
+    params: tuple[Param, ...]
+
+    def offsets(self) -> list[int]:
+        return layout_offsets(self.params)[0]
+
+    def to_json(self) -> dict:
+        return {"symbol": self.symbol, "params": [p.to_json() for p in self.params]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KernelABI":
+        return cls(str(d["symbol"]), tuple(Param.from_json(p) for p in d["params"]))
+
+    def check_layout(self, layout: list[tuple[int, int]]) -> str | None:
+        """Compare with (offset, size) pairs read off the cubin or the driver.
+
+        Offsets are compared relative to the first parameter, since the driver
+        reports them from a base. Returns a description of the first
+        difference, or None when they agree.
+        """
+        if len(layout) != len(self.params):
+            return f"the kernel has {len(layout)} parameters, the ABI records {len(self.params)}"
+        if not layout:
+            return None
+        base = layout[0][0]
+        for p, off, (got_off, got_size) in zip(self.params, self.offsets(), layout):
+            if got_size != p.size or got_off - base != off:
+                return (f"parameter {p.name!r} ({p.kind}): kernel has offset {got_off - base} size {got_size}, "
+                        f"ABI expects offset {off} size {p.size}")
+        return None
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """What a launch needs beyond the arguments; the grid comes from the family's grid rule."""
+
+    block: tuple[int, int, int]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    dynamic_smem: int = 0
+    grid_rule: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict:
+        return {"block": list(self.block), "cluster": list(self.cluster), "dynamic_smem": self.dynamic_smem,
+                "grid_rule": self.grid_rule, "extra": dict(self.extra)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LaunchFacts":
+        return cls(tuple(int(x) for x in d["block"]), tuple(int(x) for x in d.get("cluster", (1, 1, 1))),
+                   int(d.get("dynamic_smem", 0)), str(d.get("grid_rule", "")), dict(d.get("extra", {})))

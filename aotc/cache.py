@@ -1,0 +1,284 @@
+"""The persistent, content-addressed artifact cache.
+
+Layout under the root (AOTC_CACHE_DIR or platformdirs' user cache dir):
+
+    v1/entries/<key[:2]>/<key>/kernel.cubin   the machine code
+    v1/entries/<key[:2]>/<key>/meta.json      header (variant, ABI, launch, sha256, ...): the commit marker, written last
+    v1/locks/<key>.lock                       per-key lock held across a compile (AOTC_LOCK_DIR moves them)
+    v1/quarantine/<key>.<time>/               entries that failed verification, kept for inspection
+    v1/stats.json                             counters shared by every process using the cache
+
+Readers take no lock: files are written under temporary names, fsynced and
+``os.replace``d, and an entry counts only once meta.json exists and the cubin's
+sha256 matches it. Writers hold the key's lock across check, compile and commit,
+so N processes asking for one cold key compile it once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from . import config
+from .artifact import Artifact, sha256_hex
+from .errors import CacheError, LockTimeoutError
+from .variant import Variant
+
+LAYOUT = "v1"
+COUNTERS = ("hits", "misses", "compiles", "bypassed", "invalid")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same directory, fsync, then os.replace."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class EntryStatus:
+    key: str
+    path: Path
+    state: str  # "ok", "missing", "partial", "invalid"
+    reason: str = ""
+
+
+class Cache:
+    def __init__(self, root: str | Path | None = None, lock_dir: str | Path | None = None,
+                 lock_timeout: float | None = None):
+        self.root = (Path(root) if root is not None else config.cache_dir()) / LAYOUT
+        lock_env = config.lock_dir()
+        self.lock_dir = Path(lock_dir) if lock_dir is not None else (lock_env or self.root / "locks")
+        self.lock_timeout = config.lock_timeout() if lock_timeout is None else lock_timeout
+
+    # ---- paths -------------------------------------------------------------
+    @property
+    def entries_dir(self) -> Path:
+        return self.root / "entries"
+
+    def entry_dir(self, key: str) -> Path:
+        return self.entries_dir / key[:2] / key
+
+    def lock_path(self, key: str) -> Path:
+        return self.lock_dir / f"{key}.lock"
+
+    # ---- locking -----------------------------------------------------------
+    @contextmanager
+    def locked(self, key: str, what: str = "") -> Iterator[None]:
+        """Hold the key's lock; flock-based, so a killed holder releases it."""
+        import filelock  # the runtime reads the cache without it
+
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(self.lock_path(key)), timeout=self.lock_timeout)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockTimeoutError(
+                f"timed out after {self.lock_timeout:g} s waiting for the lock on {what or key} "
+                f"({self.lock_path(key)}): another process is compiling it or hung",
+                hint="raise AOTC_LOCK_TIMEOUT, or find the process holding the lock (e.g. `fuser` on the lock file)",
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # ---- counters ----------------------------------------------------------
+    def count(self, **deltas: float) -> None:
+        """Add to the shared counters (a locked read-modify-write of stats.json)."""
+        try:
+            import filelock
+        except ImportError:  # a runtime-only image: counters are best effort
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with filelock.FileLock(str(self.root / "stats.lock"), timeout=60):
+                stats = self.stats()
+                for k, v in deltas.items():
+                    stats[k] = stats.get(k, 0) + v
+                atomic_write(self.root / "stats.json", json.dumps(stats, sort_keys=True).encode())
+        except (OSError, filelock.Timeout):
+            pass  # a counter is never worth failing a build or a load
+
+    def stats(self) -> dict:
+        try:
+            data = json.loads((self.root / "stats.json").read_text())
+        except (OSError, ValueError):
+            data = {}
+        out = {k: int(data.get(k, 0)) for k in COUNTERS}
+        out["compile_seconds"] = float(data.get("compile_seconds", 0.0))
+        return out
+
+    # ---- reading -----------------------------------------------------------
+    def check(self, key: str) -> tuple[EntryStatus, Artifact | None]:
+        """Read and verify one entry without side effects."""
+        d = self.entry_dir(key)
+        meta_path = d / "meta.json"
+        try:
+            meta_bytes = meta_path.read_bytes()
+        except FileNotFoundError:
+            state = "partial" if d.exists() else "missing"
+            return EntryStatus(key, d, state, "no meta.json" if state == "partial" else ""), None
+        except OSError as e:
+            return EntryStatus(key, d, "invalid", f"meta.json unreadable: {e}"), None
+        try:
+            header = json.loads(meta_bytes)
+            if header.get("key") != key:
+                return EntryStatus(key, d, "invalid", f"meta.json names key {str(header.get('key'))[:16]}..."), None
+            cubin = (d / "kernel.cubin").read_bytes()
+            art = Artifact.from_header(header, cubin)
+        except FileNotFoundError:
+            return EntryStatus(key, d, "invalid", "kernel.cubin missing"), None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return EntryStatus(key, d, "invalid", f"{type(e).__name__}: {e}"), None
+        return EntryStatus(key, d, "ok"), art
+
+    def load(self, key: str, *, count: bool = True) -> Artifact | None:
+        """The verified artifact, or None on a miss. A bad entry is counted invalid and quarantined."""
+        status, art = self.check(key)
+        if art is not None:
+            try:
+                os.utime(status.path / "meta.json")  # last use, for LRU eviction
+            except OSError:
+                pass
+            if count:
+                self.count(hits=1)
+            return art
+        if status.state == "invalid":
+            self.quarantine(key, status.reason)
+        if count:
+            self.count(misses=1)
+        return None
+
+    def quarantine(self, key: str, reason: str) -> None:
+        """Move a bad entry aside (under its lock) and count it invalid."""
+        try:
+            with self.locked(key):
+                status, _ = self.check(key)
+                if status.state not in ("invalid", "partial"):
+                    return  # another process already repaired it
+                dest = self.root / "quarantine" / f"{key}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(status.path, dest)
+                try:
+                    (dest / "REASON").write_text(reason + "\n")
+                except OSError:
+                    pass
+        except (ImportError, LockTimeoutError, OSError):
+            return
+        if status.state == "invalid":
+            self.count(invalid=1)
+
+    # ---- writing -----------------------------------------------------------
+    def commit(self, art: Artifact) -> None:
+        """Write an entry: cubin first, meta.json last (the commit marker). Caller holds the key's lock."""
+        if sha256_hex(art.cubin) != art.sha256:
+            raise CacheError(f"refusing to commit {art.variant.name}: cubin does not match its sha256")
+        d = self.entry_dir(art.key)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "meta.json").unlink(missing_ok=True)  # uncommit first if we are repairing
+        atomic_write(d / "kernel.cubin", art.cubin)
+        atomic_write(d / "meta.json", json.dumps(art.header(), sort_keys=True, indent=1).encode())
+
+    def get_or_create(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
+        """check -> lock -> recheck -> create -> commit. Returns (artifact, created)."""
+        art = self.load(key)
+        if art is not None:
+            return art, False
+        return self.fill(key, variant, create)
+
+    def fill(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
+        """After a miss: lock -> recheck -> create -> commit, so concurrent processes create a key once."""
+        with self.locked(key, variant.name):
+            art = self.load(key, count=False)
+            if art is not None:  # another process committed it while we waited
+                self.count(hits=1)
+                return art, False
+            art = create()
+            self.commit(art)
+        self.count(compiles=1, compile_seconds=float(art.info.get("compile_seconds", 0.0)))
+        return art, True
+
+    # ---- maintenance -------------------------------------------------------
+    def keys(self) -> list[str]:
+        if not self.entries_dir.exists():
+            return []
+        return sorted(p.name for sub in self.entries_dir.iterdir() if sub.is_dir()
+                      for p in sub.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def size_bytes(self) -> int:
+        total = 0
+        for dirpath, _dirs, files in os.walk(self.root):
+            for f in files:
+                try:
+                    total += os.path.getsize(os.path.join(dirpath, f))
+                except OSError:
+                    pass
+        return total
+
+    def verify(self, repair: bool = True) -> list[EntryStatus]:
+        """Check every entry; bad and partial ones are quarantined when repair is set."""
+        problems = []
+        for key in self.keys():
+            status, _ = self.check(key)
+            if status.state != "ok":
+                problems.append(status)
+                if repair:
+                    self.quarantine(key, status.reason or status.state)
+        return problems
+
+    def remove(self, key: str) -> bool:
+        """Delete one entry under its lock: renamed away first so readers never see half of it."""
+        with self.locked(key):
+            d = self.entry_dir(key)
+            if not d.exists():
+                return False
+            trash = self.root / "trash" / f"{key}.{uuid.uuid4().hex[:8]}"
+            trash.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(d, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def gc(self, max_bytes: int) -> list[str]:
+        """Evict least-recently-used entries until the entries take at most max_bytes."""
+        entries = []
+        for key in self.keys():
+            d = self.entry_dir(key)
+            try:
+                used = (d / "meta.json").stat().st_mtime
+            except OSError:
+                used = 0.0
+            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            entries.append((used, key, size))
+        total = sum(e[2] for e in entries)
+        evicted = []
+        for used, key, size in sorted(entries):
+            if total <= max_bytes:
+                break
+            if self.remove(key):
+                total -= size
+                evicted.append(key)
+        shutil.rmtree(self.root / "trash", ignore_errors=True)
+        return evicted
+
+    def clear(self) -> int:
+        n = 0
+        for key in self.keys():
+            n += self.remove(key)
+        for sub in ("quarantine", "trash"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        (self.root / "stats.json").unlink(missing_ok=True)
+        return n

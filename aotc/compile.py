@@ -1,0 +1,86 @@
+"""Compile one variant with CuTe DSL: cubin bytes, ABI and launch facts, checked against the cubin.
+
+This is the only module that (indirectly) imports ``cutlass``, and only inside
+``compile_variant``. Compiles run without a GPU: ``--gpu-arch <arch>``
+targets any arch from any machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+from . import __version__, cubin
+from .artifact import Artifact, sha256_hex
+from .errors import CompileError
+from .families import get_family
+from .variant import Variant
+from .versions import dsl_versions, producer_versions
+
+# Options every compile passes besides --gpu-arch; part of the cache key.
+COMPILE_OPTIONS = ""
+
+
+def cache_key(variant: Variant) -> str | None:
+    """sha256 over everything that changes the cubin; None when something is unknown (do not persist)."""
+    dsl = dsl_versions()
+    if not dsl:
+        return None
+    fam = get_family(variant.family)
+    parts = {
+        "layout": "aotc-cache-v1",
+        "variant": variant.to_json(),  # family, arch and every code-changing field
+        "family_source": fam.source_digest(),  # kernel and family description source files
+        "aotc": __version__,
+        "dsl": dsl,  # every nvidia-cutlass-dsl* distribution and version
+        "arch": variant.arch,
+        "options": COMPILE_OPTIONS,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def compile_variant(variant: Variant, key: str | None = None) -> Artifact:
+    """Compile one variant in this process. Raises CompileError with the variant's name on failure."""
+    os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")  # aotc's cache sits above the DSL's; keep one copy
+    fam = get_family(variant.family)
+    key = key or cache_key(variant) or ""
+    try:
+        module = fam.compile_module()
+    except ImportError as e:
+        raise CompileError(f"cannot compile {variant.name}: {e}",
+                           hint="install the compile extra: pip install 'aotc[compile]'") from None
+    t0 = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="aotc-compile-") as dump_dir:
+            data, symbol = module.compile(variant, dump_dir=dump_dir)
+    except Exception as e:  # the DSL raises many types; report them all against the variant
+        raise CompileError(f"compiling {variant.name} failed: {type(e).__name__}: {e}") from e
+    seconds = time.perf_counter() - t0
+    if not isinstance(data, (bytes, bytearray)) or not data:
+        raise CompileError(f"compiling {variant.name} produced no cubin")
+    data = bytes(data)
+    abi = fam.abi(variant, symbol)
+    launch = fam.launch(variant)
+    try:
+        info = cubin.parse(data)
+    except cubin.CubinError as e:
+        raise CompileError(f"{variant.name}: the DSL's output is not a readable cubin: {e}") from None
+    if info.arch != variant.arch:
+        raise CompileError(f"{variant.name}: cubin targets {info.arch}, expected {variant.arch}")
+    if symbol not in info.kernels:
+        raise CompileError(f"{variant.name}: kernel {symbol!r} not in cubin (has {sorted(info.kernels)})")
+    kinfo = info.kernels[symbol]
+    mismatch = abi.check_layout(kinfo.params)
+    if mismatch:
+        raise CompileError(f"{variant.name}: recorded ABI disagrees with the cubin: {mismatch}")
+    return Artifact(
+        variant=variant, key=key, abi=abi, launch=launch, cubin=data, sha256=sha256_hex(data),
+        info={
+            "compile_seconds": round(seconds, 3),
+            "registers": kinfo.registers,
+            "static_smem": kinfo.static_smem,
+            "versions": producer_versions(),
+        },
+    )

@@ -1,0 +1,88 @@
+"""Kernel families as plain data: fields, validity rules, ABI and launch rules.
+
+Nothing here imports ``cutlass`` or ``cuda``: the spec enumerator, the cache
+key and the runtime all read these descriptions. Each family's CuTe DSL code
+lives in ``aotc.kernels.<family>`` and is imported only to compile.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..abi import KernelABI, LaunchFacts, Param
+from ..variant import Variant
+
+KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    choices: tuple[Any, ...]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    doc: str
+    archs: tuple[str, ...]
+    fields: tuple[Field, ...]
+    # why_invalid(values) -> reason string, or None when the combination is valid
+    why_invalid: Callable[[dict], str | None]
+    params: Callable[[Variant], tuple[Param, ...]]
+    launch: Callable[[Variant], LaunchFacts]
+    kernel_module: str
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def abi(self, variant: Variant, symbol: str) -> KernelABI:
+        return KernelABI(symbol, self.params(variant))
+
+    def source_digest(self) -> str:
+        """sha256 over the family's description and kernel source, so editing either misses the cache."""
+        h = hashlib.sha256()
+        here = Path(__file__).resolve().parent
+        files = [here / "__init__.py", here / f"{self.name}.py",
+                 here.parent / "abi.py",
+                 here.parent / "kernels" / "__init__.py",
+                 here.parent / "kernels" / f"{self.name}.py"]
+        for path in files:
+            h.update(path.name.encode() + b"\0")
+            h.update(path.read_bytes() if path.exists() else b"<missing>")
+        return h.hexdigest()
+
+    def compile_module(self):
+        return importlib.import_module(self.kernel_module)
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    _FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    _load_all()
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"unknown kernel family {name!r}; known: {sorted(_FAMILIES)}") from None
+
+
+def all_families() -> dict[str, Family]:
+    _load_all()
+    return dict(_FAMILIES)
+
+
+def _load_all() -> None:
+    from . import sdpa_combine  # noqa: F401  (registers itself)

@@ -1,0 +1,92 @@
+"""sdpa_combine: merge split-KV partial attention outputs.
+
+Inputs (fp32, written by a split-KV attention kernel):
+  O_partial   [splits, B, S_q, H, D]  head-dim stride 1, 16-byte aligned rows
+  LSE_partial [splits, B, H, S_q]     natural-log sum-exp of each split
+Outputs:
+  O   [B, S_q, H, D] in fp16, bf16 or fp32, any Int64 strides
+  LSE [B, H, S_q] fp32 (optional: written when write_lse != 0)
+
+O = sum_i exp(lse_i - lse) * O_i with lse = log(sum_i exp(lse_i)). A split
+whose lse_i is -inf contributes nothing (its O_i is never read); when every
+split is empty, O = 0 and LSE = -inf.
+
+Every variant of the family shares one parameter list; the "packed" stride
+specialization promises that O is contiguous [B, S_q, H, D] and LSE contiguous
+[B, H, S_q] and ignores the O/LSE stride parameters.
+"""
+from __future__ import annotations
+
+from ..abi import LaunchFacts, Param
+from ..variant import Variant
+from . import KNOWN_ARCHS, Family, Field, register
+
+THREADS = 128
+VECTOR = 4  # fp32 elements per thread per load (16 bytes)
+
+PARAMS: tuple[Param, ...] = (
+    Param("o_partial", "ptr"),
+    Param("lse_partial", "ptr"),
+    Param("o", "ptr"),
+    Param("lse", "ptr"),
+    Param("splits", "i32"),
+    Param("batch", "i32"),
+    Param("seqlen_q", "i32"),
+    Param("heads", "i32"),
+    Param("write_lse", "i32"),
+    Param("op_stride_split", "i64"),
+    Param("op_stride_b", "i64"),
+    Param("op_stride_s", "i64"),
+    Param("op_stride_h", "i64"),
+    Param("lp_stride_split", "i64"),
+    Param("lp_stride_b", "i64"),
+    Param("lp_stride_h", "i64"),
+    Param("lp_stride_s", "i64"),
+    Param("o_stride_b", "i64"),
+    Param("o_stride_s", "i64"),
+    Param("o_stride_h", "i64"),
+    Param("o_stride_d", "i64"),
+    Param("lse_stride_b", "i64"),
+    Param("lse_stride_h", "i64"),
+    Param("lse_stride_s", "i64"),
+)
+
+
+def rows_per_cta(head_dim: int) -> int:
+    return THREADS // (head_dim // VECTOR)
+
+
+def _why_invalid(values: dict) -> str | None:
+    if values["head_dim"] % (VECTOR * 8) != 0 or THREADS % (values["head_dim"] // VECTOR) != 0:
+        return f"head_dim {values['head_dim']} must be a multiple of 32 dividing {THREADS * VECTOR}"
+    return None
+
+
+def _params(variant: Variant) -> tuple[Param, ...]:
+    return PARAMS
+
+
+def _launch(variant: Variant) -> LaunchFacts:
+    return LaunchFacts(
+        block=(THREADS, 1, 1),
+        dynamic_smem=0,
+        grid_rule="grid.x = ceil(batch * seqlen_q * heads / rows_per_cta)",
+        extra={"rows_per_cta": rows_per_cta(variant["head_dim"])},
+    )
+
+
+FAMILY = register(Family(
+    name="sdpa_combine",
+    doc="merge split-KV partial outputs and log-sum-exps into O and LSE",
+    archs=KNOWN_ARCHS,
+    fields=(
+        Field("dtype", ("fp16", "bf16", "fp32"), "dtype of O (partials and LSE are fp32)"),
+        Field("head_dim", (64, 128, 256), "head dimension D (compile-time)"),
+        Field("strides", ("general", "packed"),
+              "general: Int64 strides for O and LSE; packed: O contiguous [B,S_q,H,D], LSE contiguous [B,H,S_q]"),
+    ),
+    why_invalid=_why_invalid,
+    params=_params,
+    launch=_launch,
+    kernel_module="aotc.kernels.sdpa_combine",
+))

@@ -1,0 +1,1 @@
+"""CuTe DSL kernel sources, one module per family; imported only to compile."""

@@ -1,0 +1,239 @@
+"""CuTe DSL kernel for the sdpa_combine family (see aotc.families.sdpa_combine).
+
+One CTA of THREADS threads handles rows_per_cta(head_dim) rows; a row is one
+(b, s, h) and is served by head_dim / VECTOR consecutive threads, each owning
+VECTOR (=4) consecutive head-dim elements.  Per row:
+
+  pass 1: m = max_i lse_i                       (scalar fp32 loads, L1-resident)
+  pass 2: in groups of UNROLL splits: load the group's lse, then issue the
+          16-byte O_i loads of every live split of the group, then accumulate
+          acc += exp(lse_i - m) * O_i, sum += exp(lse_i - m)
+  out:    O = acc / sum, LSE = m + log(sum); O = 0, LSE = -inf when no split is live.
+
+A split whose lse_i is -inf (or whose index is >= splits) is never loaded.
+All address arithmetic is 64-bit.  No shared memory is used.
+"""
+import math
+import os
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+
+from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, rows_per_cta
+
+# splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
+UNROLL = 4
+
+_OUT_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
+
+_NEG_INF = -math.inf
+_EVICT_FIRST = cute.nvgpu.CacheEvictionPriority.EVICT_FIRST
+
+
+def _build(head_dim: int, out_dtype, packed: bool):
+    """The @cute.jit host function for one (head_dim, dtype, strides) variant."""
+    tpr = head_dim // VECTOR          # threads per row
+    rpc = rows_per_cta(head_dim)      # rows per CTA
+    assert tpr * rpc == THREADS and tpr * VECTOR == head_dim
+
+    @cute.kernel
+    def sdpa_combine_kernel(
+        o_partial: cute.Pointer,
+        lse_partial: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        splits: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+        heads: Int32,
+        write_lse: Int32,
+        op_stride_split: Int64,
+        op_stride_b: Int64,
+        op_stride_s: Int64,
+        op_stride_h: Int64,
+        lp_stride_split: Int64,
+        lp_stride_b: Int64,
+        lp_stride_h: Int64,
+        lp_stride_s: Int64,
+        o_stride_b: Int64,
+        o_stride_s: Int64,
+        o_stride_h: Int64,
+        o_stride_d: Int64,
+        lse_stride_b: Int64,
+        lse_stride_h: Int64,
+        lse_stride_s: Int64,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = Int32(tidx) % tpr
+        row = Int64(bidx) * rpc + Int64(Int32(tidx) // tpr)
+        n_rows = Int64(batch) * Int64(seqlen_q) * Int64(heads)
+        if row < n_rows:
+            heads64 = Int64(heads)
+            seq64 = Int64(seqlen_q)
+            bs = row // heads64
+            h = row - bs * heads64
+            b = bs // seq64
+            s = bs - b * seq64
+            d0 = Int64(lane * VECTOR)
+
+            lp_row = b * lp_stride_b + h * lp_stride_h + s * lp_stride_s
+            op_row = b * op_stride_b + s * op_stride_s + h * op_stride_h + d0
+
+            # pass 1: the max of the splits' lse
+            m = Float32(_NEG_INF)
+            for i in range(splits):
+                m = cute.arch.fmax(m, lse_partial[lp_row + Int64(i) * lp_stride_split])
+
+            acc = cute.make_rmem_tensor((VECTOR,), Float32)
+            acc.fill(0.0)
+            total = Float32(0.0)
+            lse_out = Float32(_NEG_INF)
+            if m > Float32(_NEG_INF):
+                lv = cute.make_rmem_tensor((UNROLL,), Float32)
+                wv = cute.make_rmem_tensor((UNROLL,), Float32)
+                ov = cute.make_rmem_tensor((VECTOR, UNROLL), Float32)
+                for i0 in range(0, splits, UNROLL):
+                    # the group's lse values (-inf past the last split)
+                    for k in cutlass.range_constexpr(UNROLL):
+                        lv[k] = Float32(_NEG_INF)
+                        if i0 + k < splits:
+                            lv[k] = lse_partial[lp_row + Int64(i0 + k) * lp_stride_split]
+                    # the group's O_i loads, only for live splits
+                    for k in cutlass.range_constexpr(UNROLL):
+                        wv[k] = Float32(0.0)
+                        ov[None, k].fill(0.0)
+                        if lv[k] > Float32(_NEG_INF):
+                            # offsets are multiples of VECTOR elements (16-byte aligned rows and strides),
+                            # which keeps o_partial's 16-byte alignment and gives one 128-bit load
+                            off = cute.assume(op_row + Int64(i0 + k) * op_stride_split, divby=VECTOR)
+                            src = cute.make_tensor(o_partial + off, cute.make_layout(VECTOR))
+                            # O_partial is read exactly once: evict it first from L1, keeping the lse there
+                            cute.autovec_copy(src, ov[None, k], l1c_evict_priority=_EVICT_FIRST)
+                            wv[k] = cute.math.exp(lv[k] - m)
+                    for k in cutlass.range_constexpr(UNROLL):
+                        acc.store(acc.load() + ov[None, k].load() * wv[k])
+                        total = total + wv[k]
+                inv = Float32(1.0) / total
+                acc.store(acc.load() * inv)
+                lse_out = m + cute.math.log(total)
+
+            res = acc.load().to(out_dtype)
+            if cutlass.const_expr(packed):
+                o_off = cute.assume(row * head_dim + d0, divby=VECTOR)
+                dst = cute.make_tensor(o + o_off, cute.make_layout(VECTOR))
+                dst.store(res)
+            else:
+                o_row = b * o_stride_b + s * o_stride_s + h * o_stride_h
+                for j in cutlass.range_constexpr(VECTOR):
+                    o[o_row + (d0 + j) * o_stride_d] = res[j]
+
+            if write_lse != 0:
+                if lane == 0:
+                    if cutlass.const_expr(packed):
+                        lse[(b * heads64 + h) * seq64 + s] = lse_out
+                    else:
+                        lse[b * lse_stride_b + h * lse_stride_h + s * lse_stride_s] = lse_out
+
+    @cute.jit
+    def sdpa_combine_host(
+        o_partial: cute.Pointer,
+        lse_partial: cute.Pointer,
+        o: cute.Pointer,
+        lse: cute.Pointer,
+        splits: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+        heads: Int32,
+        write_lse: Int32,
+        op_stride_split: Int64,
+        op_stride_b: Int64,
+        op_stride_s: Int64,
+        op_stride_h: Int64,
+        lp_stride_split: Int64,
+        lp_stride_b: Int64,
+        lp_stride_h: Int64,
+        lp_stride_s: Int64,
+        o_stride_b: Int64,
+        o_stride_s: Int64,
+        o_stride_h: Int64,
+        o_stride_d: Int64,
+        lse_stride_b: Int64,
+        lse_stride_h: Int64,
+        lse_stride_s: Int64,
+    ):
+        # The real launch is done by the aotc runtime; this grid only makes the module well formed.
+        grid_x = (batch * seqlen_q * heads + (rpc - 1)) // rpc
+        sdpa_combine_kernel(
+            o_partial, lse_partial, o, lse,
+            splits, batch, seqlen_q, heads, write_lse,
+            op_stride_split, op_stride_b, op_stride_s, op_stride_h,
+            lp_stride_split, lp_stride_b, lp_stride_h, lp_stride_s,
+            o_stride_b, o_stride_s, o_stride_h, o_stride_d,
+            lse_stride_b, lse_stride_h, lse_stride_s,
+        ).launch(grid=[grid_x, 1, 1], block=[THREADS, 1, 1])
+
+    return sdpa_combine_host
+
+
+def _placeholders(out_dtype, packed: bool) -> list:
+    from cutlass.cute.runtime import make_ptr
+
+    gmem = cute.AddressSpace.gmem
+    out_bytes = out_dtype.width // 8
+    args = [
+        make_ptr(Float32, 16, gmem, assumed_align=16),                     # o_partial
+        make_ptr(Float32, 16, gmem, assumed_align=4),                      # lse_partial
+        make_ptr(out_dtype, 16, gmem,
+                 assumed_align=VECTOR * out_bytes if packed else out_bytes),  # o
+        make_ptr(Float32, 16, gmem, assumed_align=4),                      # lse
+    ]
+    for p in PARAMS[4:]:
+        args.append(Int32(1) if p.kind == "i32" else Int64(1))
+    return args
+
+
+def _check_params() -> None:
+    kinds = [p.kind for p in PARAMS]
+    expect = ["ptr"] * 4 + ["i32"] * 5 + ["i64"] * 15
+    if kinds != expect:
+        raise RuntimeError(f"sdpa_combine PARAMS changed ({kinds}); update aotc/kernels/sdpa_combine.py")
+
+
+def _compile(variant, dump_dir: str, keep_ptx: bool):
+    _check_params()
+    if variant.family != "sdpa_combine":
+        raise ValueError(f"not an sdpa_combine variant: {variant.name}")
+    head_dim = int(variant["head_dim"])
+    out_dtype = _OUT_DTYPES[variant["dtype"]]
+    packed = variant["strides"] == "packed"
+    host = _build(head_dim, out_dtype, packed)
+    # cute.compile always compiles afresh (it passes no_cache itself); the files written to
+    # dump_dir are named after the host function and its argument types only, so callers
+    # compiling several variants concurrently should give each its own dump_dir.
+    os.makedirs(dump_dir, exist_ok=True)
+    opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={dump_dir}"
+    if keep_ptx:
+        opts += " --keep-ptx"
+    compiled = cute.compile(host, *_placeholders(out_dtype, packed), options=opts)
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected one kernel in the module, got {symbols}")
+    return compiled, bytes(compiled.__cubin__), str(symbols[0])
+
+
+def compile(variant, *, dump_dir: str) -> tuple[bytes, str]:
+    """Compile one sdpa_combine variant for variant.arch (e.g. 'sm_90a', 'sm_80', 'sm_100a').
+
+    Returns (cubin bytes, the kernel entry's symbol name in the cubin).  The entry's
+    parameters are exactly aotc.families.sdpa_combine.PARAMS, in order.
+    """
+    _, cubin, symbol = _compile(variant, dump_dir, keep_ptx=False)
+    return cubin, symbol
+
+
+def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, str]:
+    """Like compile(), also returning the PTX text (for tests and inspection)."""
+    compiled, cubin, symbol = _compile(variant, dump_dir, keep_ptx=True)
+    return cubin, symbol, str(compiled.__ptx__)

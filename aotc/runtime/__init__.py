@@ -1,0 +1,120 @@
+"""aotc.runtime: load bundles (or the cache) and launch their kernels through the CUDA driver.
+
+Needs only cuda-python, numpy and the standard library: it never imports
+``cutlass`` or ``torch`` and never compiles. Tensors come in as anything with
+``__dlpack__`` or ``__cuda_array_interface__``, or as explicit records
+(``aotc.runtime.tensor(ptr, shape, strides, dtype)``).
+
+    import aotc.runtime as rt
+    k = rt.load("artifacts/default.aotc")
+    k.combine(o_partial, lse_partial, out, lse, stream=torch.cuda.current_stream())
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+from ..artifact import Artifact
+from ..errors import RuntimeLoadError
+from .tensors import TensorArg, as_stream, as_tensor, tensor
+
+__all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
+
+
+class Runtime:
+    """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields."""
+
+    def __init__(self, artifacts: Iterable[Artifact], sources: list[str] | None = None):
+        from .loader import LoadedKernel
+
+        self.sources = list(sources or [])
+        self.kernels: dict[str, list[LoadedKernel]] = {}
+        seen: dict[tuple, LoadedKernel] = {}
+        for art in artifacts:
+            ident = (art.variant, art.sha256)
+            if ident in seen:
+                continue
+            seen[ident] = k = LoadedKernel(art)
+            self.kernels.setdefault(art.variant.family, []).append(k)
+        self._plans: dict = {}
+        self._lock = threading.Lock()
+        self.load_seconds = 0.0
+
+    def __repr__(self) -> str:
+        n = sum(len(v) for v in self.kernels.values())
+        return f"<aotc.runtime.Runtime {n} kernels from {self.sources or 'memory'}>"
+
+    # ---- dispatch ------------------------------------------------------------
+    def device(self) -> int:
+        from . import driver
+
+        return driver.current_device()
+
+    def select(self, family: str, device: int, candidates: list[dict]):
+        """The first kernel matching a candidate field set (most specialized first), best arch first."""
+        from . import driver
+
+        archs = driver.runnable_archs(driver.compute_capability(device))
+        pool = self.kernels.get(family, [])
+        for want in candidates:
+            for arch in archs:
+                for k in pool:
+                    v = k.variant
+                    if v.arch == arch and all(v.get(f) == val for f, val in want.items()):
+                        return k
+        have = sorted({k.variant.name for k in pool})
+        raise RuntimeLoadError(
+            f"no loaded {family} kernel fits {candidates[-1]} on a device of compute capability "
+            f"{driver.compute_capability(device)} (runs {archs}); loaded: {have[:8]}{' ...' if len(have) > 8 else ''}")
+
+    def field_values(self, family: str, field: str, device: int) -> set:
+        from . import driver
+
+        archs = set(driver.runnable_archs(driver.compute_capability(device)))
+        return {k.variant.get(field) for k in self.kernels.get(family, []) if k.variant.arch in archs}
+
+    # ---- families ------------------------------------------------------------
+    def prepare_combine(self, o_partial, lse_partial, out, lse=None):
+        """Validate once and return a CombinePlan whose calls only write new pointers."""
+        from .combine import CombinePlan
+
+        return CombinePlan(self, o_partial, lse_partial, out, lse)
+
+    def combine(self, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
+        """Merge split-KV partials into out (and lse): validate, dispatch, launch on `stream`."""
+        self.prepare_combine(o_partial, lse_partial, out, lse).launcher.launch(as_stream(stream))
+
+
+def load(*sources: str | Path, cache: bool = False, check_arch: bool = True) -> Runtime:
+    """Load bundles (paths) into a Runtime; with no path, the bundles on AOTC_BUNDLE_PATH.
+
+    cache=True adds every verified entry of the local cache (AOTC_CACHE_DIR).
+    Every artifact's sha256 is checked on load; cubins are loaded into the
+    driver lazily, on first launch.
+    """
+    from ..bundle import default_bundle_files, read_bundle
+
+    t0 = time.perf_counter()
+    paths = [Path(s) for s in sources] or default_bundle_files()
+    artifacts: list[Artifact] = []
+    for p in paths:
+        artifacts.extend(read_bundle(p, check_arch=check_arch).artifacts)
+    names = [str(p) for p in paths]
+    if cache:
+        from ..cache import Cache
+
+        c = Cache()
+        for key in c.keys():
+            art = c.load(key, count=False)
+            if art is not None:
+                artifacts.append(art)
+        names.append(str(c.root))
+    if not artifacts:
+        raise RuntimeLoadError("no kernels to load: no bundle given, none on AOTC_BUNDLE_PATH"
+                               + ("" if cache else ", and cache=False"),
+                               hint="aotc.runtime.load('artifacts/default.aotc') after `make build`")
+    rt = Runtime(artifacts, names)
+    rt.load_seconds = time.perf_counter() - t0
+    return rt

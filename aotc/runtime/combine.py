@@ -1,0 +1,120 @@
+"""sdpa_combine's runtime API: validate, dispatch to the most specialized variant, launch.
+
+    plan = rt.prepare_combine(o_partial, lse_partial, out, lse)   # validates once
+    plan(o_partial, lse_partial, out, lse, stream=s)              # same layouts, new tensors
+    plan.run(op_ptr, lp_ptr, out_ptr, lse_ptr, stream)            # raw pointers: the cheapest call
+    rt.combine(o_partial, lse_partial, out, lse, stream=s)        # one-off: prepare + launch
+
+Shapes: o_partial fp32 [splits, B, S_q, H, D] (head dim contiguous, 16-byte
+aligned, other strides multiples of 4 elements), lse_partial fp32
+[splits, B, H, S_q], out fp16/bf16/fp32 [B, S_q, H, D] with any strides, lse
+fp32 [B, H, S_q] or None.
+"""
+from __future__ import annotations
+
+from ..errors import ArgumentError
+from ..families.sdpa_combine import rows_per_cta
+from . import validate as V
+from .launch import PreparedLaunch
+from .tensors import TensorArg, as_stream, as_tensor
+
+FAMILY = "sdpa_combine"
+OUT_DTYPES = ("fp16", "bf16", "fp32")
+
+
+class CombinePlan:
+    def __init__(self, runtime, o_partial, lse_partial, out, lse=None):
+        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
+        ls = None if lse is None else as_tensor(lse, "lse")
+        device = runtime.device()
+        self._check(runtime, op, lp, o, ls, device)
+        splits, batch, seqlen_q, heads, head_dim = op.shape
+        packed = V.is_packed(o) and (ls is None or V.is_packed(ls)) and o.ptr % (4 * o.itemsize) == 0
+        wanted = {"dtype": o.dtype, "head_dim": head_dim}
+        kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
+                                + [{**wanted, "strides": "general"}])
+        self.variant = kernel.variant
+        self.layout = (op.shape, op.strides, lp.shape, lp.strides, o.shape, o.strides, o.dtype,
+                       None if ls is None else (ls.shape, ls.strides))
+        self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
+        rows = batch * seqlen_q * heads
+        grid = ((rows + rows_per_cta(head_dim) - 1) // rows_per_cta(head_dim), 1, 1)
+        lse_strides = ls.strides if ls is not None else (0, 0, 0)
+        values = {
+            "o_partial": op.ptr, "lse_partial": lp.ptr, "o": o.ptr, "lse": 0 if ls is None else ls.ptr,
+            "splits": splits, "batch": batch, "seqlen_q": seqlen_q, "heads": heads,
+            "write_lse": 0 if ls is None else 1,
+            "op_stride_split": op.strides[0], "op_stride_b": op.strides[1], "op_stride_s": op.strides[2],
+            "op_stride_h": op.strides[3],
+            "lp_stride_split": lp.strides[0], "lp_stride_b": lp.strides[1], "lp_stride_h": lp.strides[2],
+            "lp_stride_s": lp.strides[3],
+            "o_stride_b": o.strides[0], "o_stride_s": o.strides[1], "o_stride_h": o.strides[2],
+            "o_stride_d": o.strides[3],
+            "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
+        }
+        self.has_lse = ls is not None
+        self.launcher = PreparedLaunch(kernel, grid, device, values)
+        slots = self.launcher.params.slots
+        self._slots = (slots["o_partial"], slots["lse_partial"], slots["o"], slots["lse"])
+
+    @staticmethod
+    def _check(runtime, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, device: int) -> None:
+        V.dtype(op, "o_partial", ("fp32",))
+        V.dtype(lp, "lse_partial", ("fp32",))
+        V.dtype(o, "out", OUT_DTYPES)
+        V.ndim(op, "o_partial", 5, "splits, B, S_q, H, D")
+        V.ndim(lp, "lse_partial", 4, "splits, B, H, S_q")
+        V.ndim(o, "out", 4, "B, S_q, H, D")
+        splits, batch, seqlen_q, heads, head_dim = op.shape
+        heads_dims = runtime.field_values(FAMILY, "head_dim", device)
+        if head_dim not in heads_dims:
+            raise ArgumentError("o_partial.shape[4]", head_dim, f"a head dim the loaded kernels cover: {sorted(heads_dims)}")
+        for axis, (axis_name, n) in enumerate(zip(("splits", "B", "H", "S_q"), (splits, batch, heads, seqlen_q))):
+            V.dim(lp, "lse_partial", axis, axis_name, n, "from o_partial")
+        for axis, (axis_name, n) in enumerate(zip(("B", "S_q", "H", "D"), (batch, seqlen_q, heads, head_dim))):
+            V.dim(o, "out", axis, axis_name, n, "from o_partial")
+        tensors = {"o_partial": op, "lse_partial": lp, "out": o}
+        if ls is not None:
+            V.dtype(ls, "lse", ("fp32",))
+            V.ndim(ls, "lse", 3, "B, H, S_q")
+            for axis, (axis_name, n) in enumerate(zip(("B", "H", "S_q"), (batch, heads, seqlen_q))):
+                V.dim(ls, "lse", axis, axis_name, n, "from o_partial")
+            tensors["lse"] = ls
+        V.cuda_device(tensors, device)
+        V.int32_extent(splits, "o_partial.shape[0] (splits)")
+        V.int32_extent(batch * seqlen_q * heads, "B * S_q * H")
+        V.unit_stride(op, "o_partial", 4)
+        V.aligned(op, "o_partial", 16)
+        V.stride_multiple(op, "o_partial", range(4), 4)
+        V.aligned(lp, "lse_partial", 4)
+        V.aligned(o, "out", o.itemsize)
+        if ls is not None:
+            V.aligned(ls, "lse", 4)
+        V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
+
+    def run(self, o_partial: int, lse_partial: int, out: int, lse: int = 0, stream: int = 0) -> None:
+        """Launch with new raw device pointers for the prepared layouts (only alignment is rechecked)."""
+        if o_partial & 15 or lse_partial & 3 or out % self._align_out or lse & 3:
+            raise ArgumentError("pointers", (hex(o_partial), hex(lse_partial), hex(out), hex(lse)),
+                                f"o_partial 16-, lse_partial 4-, out {self._align_out}-, lse 4-byte aligned")
+        if self.has_lse == (lse == 0):
+            raise ArgumentError("lse", hex(lse), "a pointer" if self.has_lse else "0 (the plan writes no LSE)")
+        s = self._slots
+        s[0].value = o_partial
+        s[1].value = lse_partial
+        s[2].value = out
+        s[3].value = lse
+        self.launcher.launch(stream)
+
+    def __call__(self, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
+        """Launch on tensors with the prepared shapes, strides and dtypes."""
+        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
+        ls = None if lse is None else as_tensor(lse, "lse")
+        layout = (op.shape, op.strides, lp.shape, lp.strides, o.shape, o.strides, o.dtype,
+                  None if ls is None else (ls.shape, ls.strides))
+        if layout != self.layout:
+            raise ArgumentError("tensors", layout, f"the layout the plan was prepared for: {self.layout}")
+        if op.dtype != "fp32" or lp.dtype != "fp32" or (ls is not None and ls.dtype != "fp32"):
+            raise ArgumentError("dtype", (op.dtype, lp.dtype, None if ls is None else ls.dtype), "fp32 partials and LSE")
+        V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
+        self.run(op.ptr, lp.ptr, o.ptr, 0 if ls is None else ls.ptr, as_stream(stream))

@@ -1,0 +1,85 @@
+"""Load verified artifacts lazily into the driver and check their ABI against the machine code."""
+from __future__ import annotations
+
+import threading
+
+from ..artifact import Artifact
+from ..errors import DriverError, RuntimeLoadError
+from . import driver
+from .driver import check, cu
+
+_MAX_DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+class LoadedKernel:
+    """One artifact: its cubin is loaded with cuLibraryLoadData on first use, then reused.
+
+    A CUlibrary is context-independent, so one load serves every device and
+    context of the process; the kernel handle is launched directly
+    (cuLaunchKernel accepts a CUkernel).
+    """
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self._lock = threading.Lock()
+        self._library = None
+        self._kernel = None
+        self.handle = 0  # int(CUkernel) once loaded
+        self._smem_ready: set[int] = set()
+
+    @property
+    def variant(self):
+        return self.artifact.variant
+
+    @property
+    def loaded(self) -> bool:
+        return self.handle != 0
+
+    def ensure_loaded(self, device: int) -> int:
+        """Load (once), verify, and prepare for launches on `device`; returns the kernel handle."""
+        if self.handle == 0:
+            with self._lock:
+                if self.handle == 0:
+                    self._load()
+        if device not in self._smem_ready:
+            smem = self.artifact.launch.dynamic_smem
+            if smem > _MAX_DEFAULT_DYNAMIC_SMEM:
+                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                check(cu.cuKernelSetAttribute(attr, smem, self._kernel, cu.CUdevice(device)),
+                      f"cuKernelSetAttribute(max dynamic smem {smem}) for {self.variant.name}")
+            self._smem_ready.add(device)
+        return self.handle
+
+    def _load(self) -> None:
+        art = self.artifact
+        driver.init()
+        try:
+            library = check(cu.cuLibraryLoadData(art.cubin, None, None, 0, None, None, 0),
+                            f"cuLibraryLoadData({art.variant.name})")
+        except DriverError as e:
+            raise RuntimeLoadError(f"the driver refused {art.variant.name}: {e}") from None
+        try:
+            kernel = check(cu.cuLibraryGetKernel(library, art.abi.symbol.encode()),
+                           f"cuLibraryGetKernel({art.abi.symbol})")
+            layout = []
+            while True:
+                err, offset, size = cu.cuKernelGetParamInfo(kernel, len(layout))
+                if int(err) != 0:
+                    break
+                layout.append((int(offset), int(size)))
+            mismatch = art.abi.check_layout(layout)
+            if mismatch:
+                raise RuntimeLoadError(f"refusing {art.variant.name}: its recorded ABI disagrees with the cubin: {mismatch}")
+        except BaseException:
+            cu.cuLibraryUnload(library)
+            raise
+        self._library, self._kernel = library, kernel
+        self.handle = int(kernel)
+
+    def unload(self) -> None:
+        with self._lock:
+            if self._library is not None:
+                cu.cuLibraryUnload(self._library)
+            self._library = self._kernel = None
+            self.handle = 0
+            self._smem_ready.clear()

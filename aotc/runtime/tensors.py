@@ -1,0 +1,503 @@
+"""Tensor and stream adapter of the aotc runtime.
+
+Turns whatever the caller hands a kernel into plain records:
+
+* :func:`as_tensor` accepts a :class:`TensorArg`, any DLPack producer (torch, CuPy, JAX,
+  numpy, ... through ``__dlpack__``) or any ``__cuda_array_interface__`` producer
+  (numba, older CuPy, ...), and returns a :class:`TensorArg` (pointer, shape,
+  strides in elements, aotc dtype name, device).
+* :func:`tensor` builds a :class:`TensorArg` from explicit values, validated.
+* :func:`as_stream` turns a stream-like object into the ``CUstream`` handle as an ``int``.
+
+This module imports only the standard library: it never imports torch, numpy, cuda or
+cutlass; foreign tensors are read by protocol only (the DLPack capsule is parsed with
+ctypes).
+
+Lifetime: the returned :class:`TensorArg` does not own memory. The DLPack capsule is
+left unconsumed, so dropping it runs the producer's deleter (which releases the
+export, not the tensor); the caller must keep the original tensor alive while the
+record is in use. Exports the producer marks as copies (DLPack >= 1.0
+``DLPACK_FLAG_BITMASK_IS_COPIED``) are refused for that reason.
+
+Streams: CUDA producers are asked with ``stream=-1`` ("do not synchronize"), as in the
+DLPack spec; ordering against the producer's stream is the caller's job (pass the
+producer's stream to the launch). The ``stream`` entry of ``__cuda_array_interface__``
+v3 is likewise not synchronised on.
+
+Device of ``__cuda_array_interface__`` objects: the interface has no device field, so
+they get ``("cuda", -1)``, meaning "a CUDA device, ordinal unknown (the one the pointer
+belongs to)".
+"""
+from __future__ import annotations
+
+import ctypes
+import operator
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from aotc.errors import ArgumentError, ArgumentTypeError
+
+__all__ = ["DTYPES", "TensorArg", "tensor", "as_tensor", "as_stream"]
+
+DTYPES: dict[str, int] = {
+    "fp16": 2,
+    "bf16": 2,
+    "fp32": 4,
+    "fp64": 8,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "int8": 1,
+}
+
+_DTYPE_LIST = ", ".join(DTYPES)
+_U64 = 1 << 64
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TensorArg:
+    """A tensor as the runtime sees it. Holds no reference to the memory's owner.
+
+    ptr: device address of element [0, ..., 0] (byte offsets already applied).
+    shape: extents. strides: in ELEMENTS (may be 0, negative, or above 2**31).
+    dtype: a key of DTYPES. device: ("cuda", ordinal), ("cpu", 0) or ("other", code);
+    ("cuda", -1) means "a CUDA device, ordinal unknown" (__cuda_array_interface__).
+
+    Build it with :func:`tensor` (validated) or :func:`as_tensor`; the constructor
+    itself does not validate.
+    """
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    device: tuple[str, int]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def nbytes_span(self) -> tuple[int, int]:
+        """[lo, hi) byte addresses any element can occupy; (ptr, ptr) when empty."""
+        lo = hi = 0
+        for n, st in zip(self.shape, self.strides):
+            if n == 0:
+                return (self.ptr, self.ptr)
+            if st > 0:
+                hi += st * (n - 1)
+            else:
+                lo += st * (n - 1)
+        size = DTYPES[self.dtype]
+        return (self.ptr + lo * size, self.ptr + (hi + 1) * size)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Opaque:
+    """Stands in for a foreign object in error messages (repr of a GPU tensor may sync)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __repr__(self) -> str:
+        t = type(self.obj)
+        mod = t.__module__
+        return f"<{t.__qualname__} object>" if mod == "builtins" else f"<{mod}.{t.__qualname__} object>"
+
+
+def _show(v: Any) -> Any:
+    if v is None or type(v) in (bool, int, float):
+        return v
+    if type(v) is str:
+        return v if len(v) <= 80 else v[:77] + "..."
+    if type(v) is tuple and len(v) <= 16 and all(type(x) in (int, bool, str, float) for x in v):
+        return v
+    return _Opaque(v)
+
+
+def _is_bool(v: Any) -> bool:
+    # bool and numpy.bool_ (the latter without importing numpy)
+    return isinstance(v, bool) or type(v).__name__ in ("bool_", "bool")
+
+
+def _int(v: Any, name: str, expected: str = "an int") -> int:
+    if type(v) is int:
+        return v
+    if _is_bool(v):
+        raise ArgumentTypeError(name, v, f"{expected} (not a bool)")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ArgumentTypeError(name, _show(v), expected) from None
+
+
+def _int_tuple(v: Any, name: str) -> tuple[int, ...]:
+    if type(v) is tuple or type(v) is list:
+        for x in v:
+            if type(x) is not int:
+                break
+        else:
+            return tuple(v)
+    if isinstance(v, (str, bytes, bytearray, dict)) or not hasattr(v, "__iter__"):
+        raise ArgumentTypeError(name, _show(v), "a sequence of ints")
+    items = tuple(v)
+    return tuple(_int(x, f"{name}[{i}]") for i, x in enumerate(items))
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n = len(shape)
+    if n == 0:
+        return ()
+    if n == 1:
+        return (1,)
+    out = [1] * n
+    acc = 1
+    for i in range(n - 1, 0, -1):
+        acc *= shape[i]
+        out[i - 1] = acc
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- tensor()
+
+
+def tensor(ptr: int, shape, strides, dtype: str, device: int = 0) -> TensorArg:
+    """Explicit (pointer, shape, strides-in-elements, dtype) record on CUDA device `device`."""
+    p = _int(ptr, "ptr", "a device address (int)")
+    if not 0 <= p < _U64:
+        raise ArgumentError("ptr", p, "an address in [0, 2**64)")
+    shp = _int_tuple(shape, "shape")
+    for i, s in enumerate(shp):
+        if not 0 <= s <= _I64_MAX:
+            raise ArgumentError(f"shape[{i}]", s, "a non-negative extent below 2**63")
+    std = _int_tuple(strides, "strides")
+    if len(std) != len(shp):
+        raise ArgumentError("strides", std, f"{len(shp)} strides (one per dimension of shape {shp})")
+    for i, s in enumerate(std):
+        if not _I64_MIN <= s <= _I64_MAX:
+            raise ArgumentError(f"strides[{i}]", s, "a stride in elements that fits in int64")
+    if type(dtype) is not str:
+        raise ArgumentTypeError("dtype", _show(dtype), f"a dtype name, one of {_DTYPE_LIST}")
+    if dtype not in DTYPES:
+        raise ArgumentError("dtype", _show(dtype), f"one of {_DTYPE_LIST}")
+    dev = _int(device, "device", "a CUDA device ordinal (int)")
+    if not 0 <= dev < (1 << 31):
+        raise ArgumentError("device", dev, "a CUDA device ordinal >= 0")
+    return TensorArg(p, shp, std, dtype, ("cuda", dev))
+
+
+# --------------------------------------------------------------------------- DLPack
+
+_kDLCPU, _kDLCUDA, _kDLCUDAManaged = 1, 2, 13
+_CUDA_LIKE = frozenset((_kDLCUDA, _kDLCUDAManaged))  # IntEnum members hash and compare as ints
+_FLAG_IS_COPIED = 1 << 1
+_V1 = (1, 0)
+_NAME_V = b"dltensor_versioned"
+_NAME_L = b"dltensor"
+
+# (type code, bits) -> aotc dtype, for lanes == 1.
+_DL_DTYPES: dict[tuple[int, int], str] = {
+    (2, 16): "fp16",
+    (4, 16): "bf16",
+    (2, 32): "fp32",
+    (2, 64): "fp64",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (0, 8): "int8",
+    (1, 8): "uint8",
+}
+_DL_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque_handle", 4: "bfloat", 5: "complex", 6: "bool"}
+
+
+def _dl_dtype_name(code: int, bits: int, lanes: int) -> str:
+    base = f"{_DL_CODE_NAMES.get(code, f'dlpack_code{code}_')}{bits}"
+    return base if lanes == 1 else f"{base}x{lanes}"
+
+
+# DLTensor, native layout (64-bit): data void*, device {i32 type, i32 id}, ndim i32,
+# dtype {u8 code, u8 bits, u16 lanes}, shape i64*, strides i64*, byte_offset u64  (48 bytes).
+# DLManagedTensor starts with a DLTensor. DLManagedTensorVersioned starts with
+# version {u32 major, u32 minor}, manager_ctx void*, deleter fn*, flags u64, then a DLTensor.
+_LEGACY = struct.Struct("@PiiiBBHPPQ")
+_VERSIONED = struct.Struct("@IIPPQPiiiBBHPPQ")
+if _LEGACY.size != 48 or _VERSIONED.size != 80 or ctypes.sizeof(ctypes.c_void_p) != 8:  # pragma: no cover
+    raise ImportError("aotc.runtime.tensors needs a 64-bit host")
+_unpack_legacy = _LEGACY.unpack
+_unpack_versioned = _VERSIONED.unpack
+_at_legacy = (ctypes.c_char * 48).from_address
+_at_versioned = (ctypes.c_char * 80).from_address
+_MAX_NDIM = 64
+# ndim -> (unpack, from_address) reading ndim int64 at an address, without a ctypes call.
+_I64_READERS = [(struct.Struct(f"@{n}q").unpack, (ctypes.c_char * (8 * n)).from_address) for n in range(_MAX_NDIM + 1)]
+
+_GetName = ctypes.pythonapi.PyCapsule_GetName
+_GetName.restype = ctypes.c_char_p
+_GetName.argtypes = [ctypes.py_object]
+_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer  # checks the name; NULL + ValueError if it differs
+_GetPointer.restype = ctypes.c_void_p
+_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _capsule_type() -> type:
+    new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+        ("PyCapsule_New", ctypes.pythonapi)
+    )
+    probe = ctypes.c_char(0)
+    return type(new(ctypes.addressof(probe), None, None))
+
+
+_CapsuleType = _capsule_type()
+
+# Ways to call __dlpack__, best first ("-1": producer must not synchronize).
+_CUDA_CALLS = (
+    lambda fn: fn(stream=-1, max_version=_V1),
+    lambda fn: fn(stream=-1),
+    lambda fn: fn(max_version=_V1),
+    lambda fn: fn(),
+)
+_HOST_CALLS = (lambda fn: fn(max_version=_V1), lambda fn: fn())
+# (producer type, is CUDA) -> (index of the call that worked, capsule name it gave).
+_conv: dict[tuple[type, bool], tuple[int, bytes]] = {}
+
+_slot_set = [TensorArg.__dict__[f].__set__ for f in ("ptr", "shape", "strides", "dtype", "device")]
+_set_ptr, _set_shape, _set_strides, _set_dtype, _set_device = _slot_set
+_new = object.__new__
+
+
+def _make(ptr: int, shape: tuple, strides: tuple, dtype: str, device: tuple) -> TensorArg:
+    """TensorArg without the frozen-dataclass __init__ (which costs ~2x): same result."""
+    t = _new(TensorArg)
+    _set_ptr(t, ptr)
+    _set_shape(t, shape)
+    _set_strides(t, strides)
+    _set_dtype(t, dtype)
+    _set_device(t, device)
+    return t
+
+
+def _parse(cap: Any, base: int, versioned: bool, obj: Any, name: str) -> TensorArg:
+    """Read the DLTensor at `base` (kept valid by `cap`, alive in the caller's frame)."""
+    if versioned:
+        (major, minor, _ctx, _deleter, flags, data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p,
+         byte_offset) = _unpack_versioned(_at_versioned(base))
+        if major != 1:
+            raise ArgumentError(name, _Opaque(obj), f"a DLPack 1.x export (got version {major}.{minor})")
+        if flags & _FLAG_IS_COPIED:
+            raise ArgumentError(name, _Opaque(obj), "a zero-copy DLPack export (the producer made a copy)")
+    else:
+        data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p, byte_offset = _unpack_legacy(
+            _at_legacy(base)
+        )
+    dtype = _DL_DTYPES.get((code, bits)) if lanes == 1 else None
+    if dtype is None:
+        raise ArgumentTypeError(name, _dl_dtype_name(code, bits, lanes), f"a tensor of a supported dtype ({_DTYPE_LIST})")
+    if ndim:
+        if not 0 < ndim <= _MAX_NDIM or not shape_p:
+            raise ArgumentError(name, _Opaque(obj), f"a DLTensor with 0..{_MAX_NDIM} dims and a shape (ndim={ndim})")
+        unpack, at = _I64_READERS[ndim]
+        shape = unpack(at(shape_p))
+        strides = unpack(at(strides_p)) if strides_p else _contiguous_strides(shape)
+    else:
+        shape = strides = ()
+    if dev_type == _kDLCUDA or dev_type == _kDLCUDAManaged:
+        device = ("cuda", dev_id)
+    elif dev_type == _kDLCPU:
+        device = ("cpu", 0)
+    else:
+        device = ("other", dev_type)
+    return _make(((data or 0) + byte_offset) & 0xFFFFFFFFFFFFFFFF, shape, strides, dtype, device)
+
+
+def _dlpack_slow(obj: Any, fn: Any, name: str) -> TensorArg:
+    """First call for a producer type, or anything unusual: full checks and good errors."""
+    try:
+        dev_fn = obj.__dlpack_device__
+    except AttributeError:
+        cuda = False
+    else:
+        try:
+            cuda = int(dev_fn()[0]) in _CUDA_LIKE
+        except Exception as e:
+            raise ArgumentError(name, _Opaque(obj), f"a DLPack producer (__dlpack_device__() raised {e!r})") from e
+    first_err: BaseException | None = None
+    for idx, call in enumerate(_CUDA_CALLS if cuda else _HOST_CALLS):
+        try:
+            cap = call(fn)
+            break
+        except Exception as e:  # producers reject keywords with TypeError, ValueError, RuntimeError, BufferError
+            first_err = first_err or e
+    else:
+        try:  # e.g. a tensor DLPack refuses but __cuda_array_interface__ describes
+            cai = _get_cai(obj, name)
+            if cai is not None:
+                return _from_cai(obj, cai, name)
+        except ArgumentError:
+            pass
+        raise ArgumentError(name, _Opaque(obj), f"a tensor whose __dlpack__ works (it raised {first_err!r})") from first_err
+    if type(cap) is not _CapsuleType:
+        raise ArgumentError(name, _Opaque(obj), f"__dlpack__() to return a PyCapsule, not {type(cap).__name__}")
+    cname = _GetName(cap)
+    if cname == _NAME_V:
+        cname = _NAME_V
+    elif cname == _NAME_L:
+        cname = _NAME_L
+    else:
+        raise ArgumentError(name, _Opaque(obj), f"an unconsumed 'dltensor' or 'dltensor_versioned' capsule, got {cname!r}")
+    base = _GetPointer(cap, cname)
+    if not base:
+        raise ArgumentError(name, _Opaque(obj), "a DLPack capsule with a non-NULL pointer")
+    _conv[(type(obj), cuda)] = (idx, cname)
+    return _parse(cap, base, cname is _NAME_V, obj, name)
+
+
+# --------------------------------------------------------------------------- __cuda_array_interface__
+
+_CAI_DTYPES: dict[str, str] = {"f2": "fp16", "f4": "fp32", "f8": "fp64", "i4": "int32", "i8": "int64", "i1": "int8", "u1": "uint8"}
+
+
+def _get_cai(obj: Any, name: str) -> Any:
+    """obj.__cuda_array_interface__, or None when there is none (AttributeError)."""
+    try:
+        return obj.__cuda_array_interface__
+    except AttributeError:
+        return None
+    except Exception as e:  # e.g. torch: bfloat16 or requires_grad
+        raise ArgumentError(name, _Opaque(obj), f"a readable __cuda_array_interface__ (it raised {e!r})") from e
+
+
+def _from_cai(obj: Any, cai: Any, name: str) -> TensorArg:
+    if not isinstance(cai, dict):
+        raise ArgumentTypeError(name, _Opaque(obj), "a __cuda_array_interface__ that is a dict")
+    try:
+        typestr, shape_in, data = cai["typestr"], cai["shape"], cai["data"]
+    except KeyError as e:
+        raise ArgumentError(name, _Opaque(obj), f"a __cuda_array_interface__ with key {e.args[0]!r}") from None
+    if cai.get("mask") is not None:
+        raise ArgumentError(name, _Opaque(obj), "a __cuda_array_interface__ without a mask")
+    dtype = _CAI_DTYPES.get(typestr[1:]) if type(typestr) is str and len(typestr) == 3 else None
+    if dtype is not None and typestr[0] not in "<|=" and not (typestr[0] == ">" and typestr[2] == "1"):
+        dtype = None  # big-endian multi-byte data
+    if dtype is None:
+        raise ArgumentTypeError(name, _show(typestr), f"a tensor of a supported dtype ({_DTYPE_LIST})")
+    shape = _int_tuple(shape_in, f"{name}.__cuda_array_interface__['shape']")
+    if any(s < 0 for s in shape):
+        raise ArgumentError(name, shape, "a non-negative shape")
+    if not isinstance(data, tuple) or len(data) != 2:
+        raise ArgumentError(name, _show(data), "__cuda_array_interface__['data'] == (ptr, readonly)")
+    ptr = 0 if data[0] is None else _int(data[0], f"{name}.__cuda_array_interface__['data'][0]")
+    if not 0 <= ptr < _U64:
+        raise ArgumentError(name, ptr, "a device address in [0, 2**64)")
+    bstrides = cai.get("strides")
+    if bstrides is None:
+        strides = _contiguous_strides(shape)
+    else:
+        bstrides = _int_tuple(bstrides, f"{name}.__cuda_array_interface__['strides']")
+        if len(bstrides) != len(shape):
+            raise ArgumentError(name, bstrides, f"{len(shape)} byte strides (one per dimension of {shape})")
+        size = DTYPES[dtype]
+        if any(b % size for b in bstrides):
+            raise ArgumentError(name, bstrides, f"byte strides that are multiples of the itemsize {size} of {dtype}")
+        strides = tuple(b // size for b in bstrides)
+    return TensorArg(ptr, shape, strides, dtype, ("cuda", -1))
+
+
+# --------------------------------------------------------------------------- as_tensor / as_stream
+
+
+def as_tensor(obj: Any, name: str) -> TensorArg:
+    """`obj` as a TensorArg: a TensorArg as is, else DLPack (preferred), else __cuda_array_interface__.
+
+    Errors name the argument `name`: ArgumentTypeError for a non-tensor or an unsupported
+    dtype, ArgumentError for a tensor that cannot be exported or described.
+    """
+    if type(obj) is TensorArg:
+        return obj
+    fn = getattr(obj, "__dlpack__", None)
+    if fn is not None:
+        # Fast path: the calling convention and capsule name this producer type used last time.
+        try:
+            cuda = obj.__dlpack_device__()[0] in _CUDA_LIKE
+            idx, cname = _conv[(type(obj), cuda)]
+            cap = (_CUDA_CALLS if cuda else _HOST_CALLS)[idx](fn)
+            base = _GetPointer(cap, cname)
+        except Exception:
+            return _dlpack_slow(obj, fn, name)
+        if base:
+            return _parse(cap, base, cname is _NAME_V, obj, name)
+        return _dlpack_slow(obj, fn, name)
+    cai = _get_cai(obj, name)
+    if cai is not None:
+        return _from_cai(obj, cai, name)
+    raise ArgumentTypeError(
+        name, _show(obj), "a tensor: an object with __dlpack__ or __cuda_array_interface__, or an aotc TensorArg"
+    )
+
+
+def _handle(v: Any, where: str) -> int:
+    if type(v) is not int:
+        if v is None or _is_bool(v):
+            raise ArgumentTypeError("stream", _show(v), f"a CUstream handle ({where} gave no int)")
+        try:
+            v = operator.index(v)  # int subclasses, numpy ints, cuda.bindings CUstream
+        except TypeError:
+            raise ArgumentTypeError("stream", _show(v), f"a CUstream handle ({where} gave no int)") from None
+    if not 0 <= v < _U64:
+        raise ArgumentError("stream", v, "a CUstream handle in [0, 2**64)")
+    return v
+
+
+def as_stream(obj: Any) -> int:
+    """The CUstream handle of `obj` as an int (0, the legacy default stream, for None).
+
+    Accepts None, an int, objects with ``__cuda_stream__()`` (returns (version, handle)),
+    ``.cuda_stream`` (torch.cuda.Stream), ``.ptr`` (CuPy), or ``__index__``/``__int__``
+    (cuda.bindings CUstream; note its ``getPtr()`` is the address of the handle's storage,
+    not the handle, and is not used).
+    """
+    if obj is None:
+        return 0
+    if type(obj) is int:
+        if 0 <= obj < _U64:
+            return obj
+        raise ArgumentError("stream", obj, "a CUstream handle in [0, 2**64)")
+    if _is_bool(obj):
+        raise ArgumentTypeError("stream", obj, "a stream (None, an int handle or a stream object), not a bool")
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is not None:
+        try:
+            info = proto() if callable(proto) else proto  # a property in early cuda.core
+        except Exception as e:
+            raise ArgumentError("stream", _Opaque(obj), f"a stream whose __cuda_stream__() works (it raised {e!r})") from e
+        if not isinstance(info, tuple) or len(info) != 2:
+            raise ArgumentError("stream", _show(info), "__cuda_stream__() to return (version, handle)")
+        if info[0] != 0:
+            raise ArgumentError("stream", _show(info), "__cuda_stream__ protocol version 0")
+        return _handle(info[1], "__cuda_stream__()")
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(obj, attr, None)
+        if v is not None:
+            return _handle(v, f".{attr}")
+    if hasattr(type(obj), "__index__"):
+        return _handle(obj, "__index__")
+    if hasattr(type(obj), "__int__") and hasattr(type(obj), "getPtr"):
+        return _handle(int(obj), "__int__")
+    raise ArgumentTypeError(
+        "stream",
+        _show(obj),
+        "None, an int CUstream handle, or a stream object (__cuda_stream__, .cuda_stream, .ptr, CUstream)",
+    )

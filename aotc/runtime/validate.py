@@ -1,0 +1,82 @@
+"""Argument checks shared by every family's API. Each raises ArgumentError naming the argument,
+the value and what was expected, before anything launches."""
+from __future__ import annotations
+
+from ..errors import ArgumentError
+from .tensors import TensorArg
+
+INT32_MAX = (1 << 31) - 1
+
+
+def dtype(t: TensorArg, name: str, allowed: tuple[str, ...]) -> None:
+    if t.dtype not in allowed:
+        raise ArgumentError(f"{name}.dtype", t.dtype, " or ".join(allowed))
+
+
+def ndim(t: TensorArg, name: str, n: int, dims: str) -> None:
+    if len(t.shape) != n:
+        raise ArgumentError(f"{name}.shape", t.shape, f"{n} dimensions [{dims}]")
+
+
+def dim(t: TensorArg, name: str, axis: int, axis_name: str, expected: int, why: str) -> None:
+    if t.shape[axis] != expected:
+        raise ArgumentError(f"{name}.shape[{axis}]", t.shape[axis], f"{axis_name} = {expected} ({why})")
+
+
+def int32_extent(value: int, name: str) -> None:
+    if value > INT32_MAX:
+        raise ArgumentError(name, value, f"at most {INT32_MAX} (kernels take 32-bit extents)")
+
+
+def cuda_device(tensors: dict[str, TensorArg], device: int) -> None:
+    """Every tensor on `device` (CAI producers report ordinal -1, unknown: accepted)."""
+    for name, t in tensors.items():
+        kind, ordinal = t.device
+        if kind != "cuda" or (ordinal not in (device, -1)):
+            raise ArgumentError(f"{name}.device", t.device, f"('cuda', {device}), the current device")
+
+
+def aligned(t: TensorArg, name: str, alignment: int) -> None:
+    if t.ptr % alignment:
+        raise ArgumentError(f"{name}.data_ptr", hex(t.ptr), f"a multiple of {alignment} bytes")
+
+
+def stride_multiple(t: TensorArg, name: str, axes: range | tuple[int, ...], multiple: int) -> None:
+    for a in axes:
+        if t.shape[a] > 1 and t.strides[a] % multiple:
+            raise ArgumentError(f"{name}.stride[{a}]", t.strides[a], f"a multiple of {multiple} elements")
+
+
+def unit_stride(t: TensorArg, name: str, axis: int) -> None:
+    if t.shape[axis] > 1 and t.strides[axis] != 1:
+        raise ArgumentError(f"{name}.stride[{axis}]", t.strides[axis], "1 (the head dimension must be contiguous)")
+
+
+def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def is_packed(t: TensorArg) -> bool:
+    """Row-major contiguous, ignoring the strides of extent-1 dimensions (as torch's is_contiguous does)."""
+    return all(n <= 1 or s == p for n, s, p in zip(t.shape, t.strides, packed_strides(t.shape)))
+
+
+def no_overlap(outputs: dict[str, TensorArg], others: dict[str, TensorArg]) -> None:
+    """No output may share bytes with any other argument (outputs with each other too)."""
+    items = list(outputs.items())
+    every = items + list(others.items())
+    for i, (oname, o) in enumerate(items):
+        lo, hi = o.nbytes_span()
+        if lo == hi:
+            continue
+        for name, t in every:
+            if name == oname:
+                continue
+            tlo, thi = t.nbytes_span()
+            if tlo < hi and lo < thi:
+                raise ArgumentError(oname, f"bytes [{lo:#x}, {hi:#x})",
+                                    f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")

@@ -1,0 +1,131 @@
+"""Spec files: TOML variant matrices, enumerated and pruned by each family's validity rules.
+
+    [[family]]
+    name = "sdpa_combine"          # kernel family
+    arch = ["sm_90a", "sm_80"]     # target archs
+    dtype = ["bf16", "fp16"]       # every other key is one of the family's fields;
+    head_dim = [64, 128, 256]      # a field left out takes all of its choices
+    exclude = [{dtype = "fp16", head_dim = 256}]   # optional: drop matching combinations
+
+The product of the lists is pruned by (in order) the family's supported archs,
+the spec's ``exclude`` tables and the family's validity rule; every pruned
+combination keeps its reason, which ``aotc list --why-not`` prints.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import SpecError
+from .families import KNOWN_ARCHS, get_family
+from .variant import Variant
+
+DEFAULT_SPEC = Path(__file__).resolve().parent / "data" / "default.toml"
+
+
+@dataclass(frozen=True)
+class Pruned:
+    family: str
+    values: dict
+    reason: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    path: str
+    variants: tuple[Variant, ...]
+    pruned: tuple[Pruned, ...]
+
+
+def load_spec(path: str | Path | None = None) -> Spec:
+    """Read and enumerate a spec file; None means the embedded default spec."""
+    path = Path(path) if path is not None else DEFAULT_SPEC
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"cannot read spec {str(path)!r}: {e.strerror}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"spec {str(path)!r} is not valid TOML: {e}") from None
+    name = path.stem
+    return enumerate_spec(doc, name=name, where=str(path))
+
+
+def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec:
+    families = doc.get("family")
+    if not isinstance(families, list) or not families:
+        raise SpecError(f"{where}: expected one or more [[family]] tables")
+    variants: dict[Variant, None] = {}
+    pruned: list[Pruned] = []
+    for i, table in enumerate(families):
+        ctx = f"{where}: [[family]] #{i + 1}"
+        if not isinstance(table, dict) or "name" not in table:
+            raise SpecError(f"{ctx}: missing 'name'")
+        try:
+            fam = get_family(table["name"])
+        except KeyError as e:
+            raise SpecError(f"{ctx}: {e.args[0]}") from None
+        table = dict(table)
+        table.pop("name")
+        archs = _as_list(table.pop("arch", None), f"{ctx}: arch")
+        if archs is None:
+            raise SpecError(f"{ctx}: 'arch' is required (e.g. arch = [\"sm_90a\"])")
+        for a in archs:
+            if a not in KNOWN_ARCHS:
+                raise SpecError(f"{ctx}: arch {a!r} is not one of {list(KNOWN_ARCHS)}")
+        excludes = table.pop("exclude", [])
+        if not isinstance(excludes, list) or not all(isinstance(e, dict) for e in excludes):
+            raise SpecError(f"{ctx}: 'exclude' must be a list of tables")
+        field_names = [f.name for f in fam.fields]
+        for key in table:
+            if key not in field_names:
+                raise SpecError(f"{ctx}: unknown field {key!r} for family {fam.name}; fields are {field_names + ['arch', 'exclude']}")
+        for ex in excludes:
+            for key in ex:
+                if key not in field_names and key != "arch":
+                    raise SpecError(f"{ctx}: exclude names unknown field {key!r}")
+        lists = []
+        for f in fam.fields:
+            values = _as_list(table.get(f.name), f"{ctx}: {f.name}")
+            values = list(f.choices) if values is None else values
+            for v in values:
+                if v not in f.choices or type(v) is not type(f.choices[0]):
+                    raise SpecError(f"{ctx}: {f.name} = {v!r} is not one of {list(f.choices)}")
+            lists.append(values)
+        for arch in archs:
+            for combo in itertools.product(*lists):
+                values = dict(zip(field_names, combo))
+                reason = None
+                if arch not in fam.archs:
+                    reason = f"family {fam.name} does not support {arch} (supports {list(fam.archs)})"
+                elif any(all((arch if k == "arch" else values[k]) == v for k, v in ex.items()) for ex in excludes):
+                    reason = "excluded by the spec"
+                else:
+                    reason = fam.why_invalid(values)
+                if reason is not None:
+                    pruned.append(Pruned(fam.name, {"arch": arch, **values}, reason))
+                else:
+                    variants.setdefault(Variant.make(fam.name, arch, **values), None)
+    return Spec(name, where, tuple(variants), tuple(pruned))
+
+
+def _as_list(value: Any, ctx: str) -> list | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        if not value:
+            raise SpecError(f"{ctx}: empty list")
+        return value
+    if isinstance(value, (str, int, bool)):
+        return [value]
+    raise SpecError(f"{ctx}: expected a value or a list, got {type(value).__name__}")

@@ -1,0 +1,199 @@
+"""Runtime figures on a GPU: bundle load, first launch, host enqueue against a bare cuLaunchKernel, combine bandwidth.
+
+    python benchmarks/bench_runtime.py --bundle artifacts/default.aotc --out benchmarks/results
+
+Host enqueue: N calls, each timed alone with perf_counter_ns; the GPU is
+synchronized every 256 calls outside the timer so the launch queue never
+fills. Every path launches the same combine cubin on the same arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def time_calls(fn, n, sync):
+    samples = []
+    for i in range(n):
+        if i % 256 == 0:
+            sync()
+        t0 = time.perf_counter_ns()
+        fn(i)
+        samples.append(time.perf_counter_ns() - t0)
+    sync()
+    return {"median_us": statistics.median(samples) / 1e3, "p99_us": percentile(samples, 0.99) / 1e3, "calls": n}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--calls", type=int, default=10000)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    import aotc.runtime as aotc_rt
+    t_import = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rt = aotc_rt.load(args.bundle)
+    t_load = time.perf_counter() - t0
+
+    import torch
+    from cuda.bindings import driver as cu
+
+    torch.cuda.init()
+    dev = torch.device("cuda")
+    results = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(0),
+        "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+                                 capture_output=True, text=True).stdout.strip(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        or os.environ.get("AOTC_GIT_COMMIT", "unknown"),
+        "bundle": args.bundle, "bundle_bytes": os.path.getsize(args.bundle),
+        "import_runtime_s": t_import, "load_bundle_s": t_load, "kernels": sum(len(v) for v in rt.kernels.values()),
+    }
+
+    # a decode-shaped combine: B=64, H=32, S_q=1, D=128, 8 splits, bf16 out, LSE out
+    splits, B, S, H, D = 8, 64, 1, 32, 128
+    op = torch.randn(splits, B, S, H, D, device=dev)
+    lp = torch.randn(splits, B, H, S, device=dev)
+    out = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16)
+    lse = torch.empty(B, H, S, device=dev)
+    t0 = time.perf_counter()
+    plan = rt.prepare_combine(op, lp, out, lse)
+    t_prepare_first = time.perf_counter() - t0  # includes the lazy cuLibraryLoadData + ABI check
+    stream = torch.cuda.current_stream().cuda_stream
+    plan.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+    torch.cuda.synchronize()
+    results["first_prepare_s"] = t_prepare_first
+    results["variant"] = plan.variant.name
+
+    # the floor: the same cubin launched bare, parameters pre-packed, through cuda.bindings and through ctypes
+    lau = plan.launcher
+    kernel = cu.CUkernel(lau.handle)
+    cstream = cu.CUstream(stream)
+    params = lau.params.address
+    g, b = lau.grid, lau.block
+
+    def bare_bindings(_):
+        cu.cuLaunchKernel(kernel, g[0], g[1], g[2], b[0], b[1], b[2], 0, cstream, params, 0)
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    fn = libcuda.cuLaunchKernel
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    fn.restype = ctypes.c_int
+    handle = lau.handle
+
+    def bare_ctypes(_):
+        fn(handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, params, None)
+
+    ptrs = [(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr())]
+    op2, lp2 = op.clone(), lp.clone()
+    out2, lse2 = torch.empty_like(out), torch.empty_like(lse)
+    ptrs.append((op2.data_ptr(), lp2.data_ptr(), out2.data_ptr(), lse2.data_ptr()))
+    same = ptrs[0]
+
+    def prepared_same(_):
+        plan.run(same[0], same[1], same[2], same[3], stream)
+
+    def prepared_changed(i):
+        p = ptrs[i & 1]
+        plan.run(p[0], p[1], p[2], p[3], stream)
+
+    tstream = torch.cuda.current_stream()
+
+    def prepared_tensors(_):
+        plan(op, lp, out, lse, stream=tstream)
+
+    def convenience(_):
+        rt.combine(op, lp, out, lse, stream=tstream)
+
+    q = torch.randn(1, 32, 1, 128, device=dev, dtype=torch.bfloat16)
+    kv = torch.randn(1, 32, 1024, 128, device=dev, dtype=torch.bfloat16)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def torch_sdpa(backend):
+        def call(_):
+            with sdpa_kernel(backend):
+                torch.nn.functional.scaled_dot_product_attention(q, kv, kv)
+        return call
+
+    n = args.calls
+    host = {}
+    for name, f in [("bare_cuLaunchKernel_cuda_bindings", bare_bindings), ("bare_cuLaunchKernel_ctypes", bare_ctypes),
+                    ("aotc_prepared_same_pointers", prepared_same), ("aotc_prepared_changed_pointers", prepared_changed),
+                    ("aotc_prepared_tensors", prepared_tensors), ("aotc_convenience_combine", convenience),
+                    ("torch_sdpa_cudnn_decode", torch_sdpa(SDPBackend.CUDNN_ATTENTION)),
+                    ("torch_sdpa_flash_decode", torch_sdpa(SDPBackend.FLASH_ATTENTION))]:
+        try:
+            f(0)
+            torch.cuda.synchronize()
+            time_calls(f, min(n, 1000), torch.cuda.synchronize)  # warm-up
+            host[name] = time_calls(f, n, torch.cuda.synchronize)
+        except Exception as e:  # a missing torch backend must not hide the rest
+            host[name] = {"error": f"{type(e).__name__}: {e}"}
+    floor = host["bare_cuLaunchKernel_cuda_bindings"]["median_us"]
+    for v in host.values():
+        if "median_us" in v:
+            v["x_floor_cuda_bindings"] = v["median_us"] / floor
+            v["x_floor_ctypes"] = v["median_us"] / host["bare_cuLaunchKernel_ctypes"]["median_us"]
+    results["host_enqueue"] = host
+
+    # kernel time and bandwidth for a few combine shapes (CUDA events, median of 50 timed launches)
+    kernel_rows = []
+    for splits, B, H, S in [(8, 64, 32, 1), (16, 1, 32, 1), (4, 8, 32, 4), (32, 128, 32, 1)]:
+        op = torch.randn(splits, B, S, H, D, device=dev)
+        lp = torch.randn(splits, B, H, S, device=dev)
+        out = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16)
+        lse = torch.empty(B, H, S, device=dev)
+        pl = rt.prepare_combine(op, lp, out, lse)
+        for _ in range(10):
+            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+        times = []
+        for _ in range(50):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e3)
+        us = statistics.median(times)
+        nbytes = op.numel() * 4 + lp.numel() * 4 + out.numel() * 2 + lse.numel() * 4
+        kernel_rows.append({"splits": splits, "B": B, "H": H, "S_q": S, "D": D, "median_us": us,
+                            "bytes": nbytes, "GB_per_s": nbytes / us / 1e3})
+    results["combine_kernel"] = kernel_rows
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "runtime.json"
+    path.write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+    print(f"\nwrote {path}")
+    print(f"{'path':<40} {'median us':>10} {'p99 us':>8} {'x floor':>8}")
+    for name, v in host.items():
+        if "median_us" in v:
+            print(f"{name:<40} {v['median_us']:>10.2f} {v['p99_us']:>8.2f} {v['x_floor_cuda_bindings']:>8.2f}")
+        else:
+            print(f"{name:<40} {v['error']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Compile-only checks of the sdpa_combine CuTe DSL kernel (no GPU needed)."""
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
+pytest.importorskip("cutlass")
+
+from aotc.families.sdpa_combine import PARAMS  # noqa: E402
+from aotc.kernels import sdpa_combine as kernel  # noqa: E402
+from aotc.variant import Variant  # noqa: E402
+
+CASES = [
+    ("sm_90a", "bf16", 128, "packed"),
+    ("sm_90a", "fp32", 64, "general"),
+    ("sm_80", "fp16", 256, "general"),
+]
+
+
+def _entry_params(ptx: str, symbol: str) -> list[str]:
+    m = re.search(r"\.entry\s+" + re.escape(symbol) + r"\s*\((.*?)\)", ptx, re.S)
+    assert m, f"no .entry {symbol} in the PTX"
+    return re.findall(r"\.param\s+\.(\w+)", m.group(1))
+
+
+@pytest.mark.parametrize("arch,dtype,head_dim,strides", CASES)
+def test_compile(tmp_path, arch, dtype, head_dim, strides):
+    v = Variant.make("sdpa_combine", arch, dtype=dtype, head_dim=head_dim, strides=strides)
+    cubin, symbol, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    assert cubin[:4] == b"\x7fELF"
+    assert symbol and symbol.encode() in cubin
+    assert f".target {arch}" in ptx
+
+    params = _entry_params(ptx, symbol)
+    assert len(params) == len(PARAMS)
+    want = ["u64" if p.kind in ("ptr", "i64") else "u32" for p in PARAMS]
+    assert params == want
+
+    # 128-bit loads of O_partial, no local memory, no shared memory
+    assert re.search(r"ld\.global[\w:.]*\.v4\.(b32|f32)|ld\.global[\w:.]*\.v2\.(b64|u64)", ptx)
+    assert ".local" not in ptx
+    assert ".shared" not in ptx
+    if strides == "packed":
+        width = {"fp32": "v4.b32", "bf16": "v2.b32", "fp16": "v2.b32"}[dtype]
+        assert re.search(r"st\.global[\w:.]*\." + re.escape(width), ptx)
+
+
+def test_plain_compile_signature(tmp_path):
+    v = Variant.make("sdpa_combine", "sm_90a", dtype="fp16", head_dim=64, strides="packed")
+    out = kernel.compile(v, dump_dir=str(tmp_path))
+    assert isinstance(out, tuple) and len(out) == 2
+    cubin, symbol = out
+    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
+    assert isinstance(symbol, str) and symbol

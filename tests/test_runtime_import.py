@@ -1,0 +1,62 @@
+"""The runtime's promise: it imports, and loads a bundle, with neither cutlass nor torch present."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCK = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] in ('cutlass', 'torch'):
+            raise ImportError('blocked for this test: ' + name)
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, %r)
+"""
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK % str(ROOT) + code], capture_output=True, text=True, timeout=120)
+
+
+def test_runtime_imports_without_cutlass_or_torch():
+    r = run("""
+import aotc, aotc.runtime, aotc.runtime.combine, aotc.runtime.launch, aotc.runtime.loader, aotc.runtime.driver
+import aotc.bundle, aotc.cache
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch'))
+print('LOADED', bad)
+""")
+    assert r.returncode == 0, r.stderr
+    assert "LOADED []" in r.stdout
+
+
+def test_blocking_actually_blocks():
+    """The guard above must be able to fail: importing cutlass under it raises."""
+    r = run("import cutlass")
+    assert r.returncode != 0 and "blocked for this test" in r.stderr
+
+
+def test_runtime_reads_a_bundle_without_the_dsl(tmp_path):
+    pytest.importorskip("cutlass")
+    from aotc.build import build
+    from aotc.bundle import write_bundle
+    from aotc.cache import Cache
+    from aotc.variant import Variant
+
+    report = build([Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="packed")],
+                   cache=Cache(tmp_path / "cache"))
+    real_bundle = tmp_path / "one.aotc"
+    write_bundle(real_bundle, report.artifacts)
+    r = run(f"""
+import aotc.runtime
+rt = aotc.runtime.load({str(real_bundle)!r})
+print('KERNELS', sum(len(v) for v in rt.kernels.values()))
+print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch')))
+""")
+    assert r.returncode == 0, r.stderr
+    assert "LOADED []" in r.stdout and "KERNELS 0" not in r.stdout
