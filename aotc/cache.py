@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -32,6 +33,13 @@ from .variant import Variant
 
 LAYOUT = "v1"
 COUNTERS = ("hits", "misses", "compiles", "bypassed", "invalid")
+_KEY = re.compile(r"[0-9a-f]{64}")  # a cache key is a sha256 hex digest; nothing else becomes a path
+
+
+def _checked(key: str) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise CacheError(f"not a cache key: {key!r} (expected 64 lowercase hex digits)")
+    return key
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -70,10 +78,10 @@ class Cache:
         return self.root / "entries"
 
     def entry_dir(self, key: str) -> Path:
-        return self.entries_dir / key[:2] / key
+        return self.entries_dir / key[:2] / _checked(key)
 
     def lock_path(self, key: str) -> Path:
-        return self.lock_dir / f"{key}.lock"
+        return self.lock_dir / f"{_checked(key)}.lock"
 
     # ---- locking -----------------------------------------------------------
     @contextmanager
@@ -136,6 +144,8 @@ class Cache:
             return EntryStatus(key, d, "invalid", f"meta.json unreadable: {e}"), None
         try:
             header = json.loads(meta_bytes)
+            if not isinstance(header, dict):
+                return EntryStatus(key, d, "invalid", f"meta.json holds a {type(header).__name__}, not an object"), None
             if header.get("key") != key:
                 return EntryStatus(key, d, "invalid", f"meta.json names key {str(header.get('key'))[:16]}..."), None
             cubin = (d / "kernel.cubin").read_bytes()
@@ -167,18 +177,22 @@ class Cache:
         """Move a bad entry aside (under its lock) and count it invalid."""
         try:
             with self.locked(key):
-                status, _ = self.check(key)
-                if status.state not in ("invalid", "partial"):
-                    return  # another process already repaired it
-                dest = self.root / "quarantine" / f"{key}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(status.path, dest)
-                try:
-                    (dest / "REASON").write_text(reason + "\n")
-                except OSError:
-                    pass
+                self._quarantine_locked(key, reason)
         except (ImportError, LockTimeoutError, OSError):
             return
+
+    def _quarantine_locked(self, key: str, reason: str) -> None:
+        """quarantine() for a caller that already holds the key's lock (flock does not nest across fds)."""
+        status, _ = self.check(key)
+        if status.state not in ("invalid", "partial"):
+            return  # another process already repaired it
+        dest = self.root / "quarantine" / f"{key}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(status.path, dest)
+        try:
+            (dest / "REASON").write_text(reason + "\n")
+        except OSError:
+            pass
         if status.state == "invalid":
             self.count(invalid=1)
 
@@ -203,10 +217,20 @@ class Cache:
     def fill(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
         """After a miss: lock -> recheck -> create -> commit, so concurrent processes create a key once."""
         with self.locked(key, variant.name):
-            art = self.load(key, count=False)
+            # check(), not load(): load() quarantines a bad entry under the key's lock, which we hold
+            status, art = self.check(key)
             if art is not None:  # another process committed it while we waited
+                try:
+                    os.utime(status.path / "meta.json")
+                except OSError:
+                    pass
                 self.count(hits=1)
                 return art, False
+            if status.state == "invalid":
+                try:
+                    self._quarantine_locked(key, status.reason)
+                except OSError:
+                    pass  # commit() overwrites it anyway
             art = create()
             self.commit(art)
         self.count(compiles=1, compile_seconds=float(art.info.get("compile_seconds", 0.0)))
@@ -217,7 +241,7 @@ class Cache:
         if not self.entries_dir.exists():
             return []
         return sorted(p.name for sub in self.entries_dir.iterdir() if sub.is_dir()
-                      for p in sub.iterdir() if p.is_dir() and not p.name.startswith("."))
+                      for p in sub.iterdir() if p.is_dir() and _KEY.fullmatch(p.name) and sub.name == p.name[:2])
 
     def size_bytes(self) -> int:
         total = 0

@@ -60,12 +60,19 @@ def parse(data: bytes) -> CubinInfo:
     if data[7] not in ELFOSABI_CUDA:
         raise CubinError(f"ELF OS ABI is {data[7]:#x}, not CUDA")
     abi_version = data[8]
-    (e_type, e_machine, _v, _entry, _phoff, e_shoff, e_flags, _ehsize, _phentsize, _phnum,
+    (e_type, e_machine, _v, _entry, e_phoff, e_shoff, e_flags, _ehsize, e_phentsize, e_phnum,
      e_shentsize, e_shnum, e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
     if e_machine != EM_CUDA:
         raise CubinError(f"ELF machine is {e_machine}, not CUDA ({EM_CUDA})")
     if e_shoff + e_shnum * e_shentsize > len(data) or e_shentsize < 64:
         raise CubinError("section header table lies outside the file (truncated?)")
+    # the loader reads the program headers and segments too: a cut-off tail is a truncated cubin
+    if e_phnum and (e_phentsize < 56 or e_phoff + e_phnum * e_phentsize > len(data)):
+        raise CubinError("program header table lies outside the file (truncated?)")
+    for i in range(e_phnum):
+        p_offset, p_filesz = struct.unpack_from("<Q16xQ", data, e_phoff + i * e_phentsize + 8)  # Elf64_Phdr
+        if p_offset + p_filesz > len(data):
+            raise CubinError(f"segment {i} lies outside the file (truncated?)")
     sections = []
     for i in range(e_shnum):
         name, typ, _flags, _addr, off, size, link, info, _align, entsize = struct.unpack_from(

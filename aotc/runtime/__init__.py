@@ -38,7 +38,7 @@ class Runtime:
                 continue
             seen[ident] = k = LoadedKernel(art)
             self.kernels.setdefault(art.variant.family, []).append(k)
-        self._plans: dict = {}
+        self.plans: dict = {}  # layout key -> prepared plan, for the one-call APIs
         self._lock = threading.Lock()
         self.load_seconds = 0.0
 
@@ -83,8 +83,21 @@ class Runtime:
         return CombinePlan(self, o_partial, lse_partial, out, lse)
 
     def combine(self, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
-        """Merge split-KV partials into out (and lse): validate, dispatch, launch on `stream`."""
-        self.prepare_combine(o_partial, lse_partial, out, lse).launcher.launch(as_stream(stream))
+        """Merge split-KV partials into out (and lse): validate, dispatch, launch on `stream`.
+
+        The plan for a layout is cached, so repeating a shape skips validation of
+        everything but the pointers (alignment, overlap)."""
+        from .combine import combine
+
+        combine(self, o_partial, lse_partial, out, lse, stream=stream)
+
+    MAX_PLANS = 1024
+
+    def remember_plan(self, key, plan) -> None:
+        with self._lock:
+            if len(self.plans) >= self.MAX_PLANS:
+                self.plans.pop(next(iter(self.plans)))  # oldest first
+            self.plans[key] = plan
 
 
 def load(*sources: str | Path, cache: bool = False, check_arch: bool = True) -> Runtime:

@@ -34,8 +34,7 @@ class CombinePlan:
         kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
                                 + [{**wanted, "strides": "general"}])
         self.variant = kernel.variant
-        self.layout = (op.shape, op.strides, lp.shape, lp.strides, o.shape, o.strides, o.dtype,
-                       None if ls is None else (ls.shape, ls.strides))
+        self.layout = layout_key(op, lp, o, ls)
         self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
         rows = batch * seqlen_q * heads
         grid = ((rows + rows_per_cta(head_dim) - 1) // rows_per_cta(head_dim), 1, 1)
@@ -94,6 +93,8 @@ class CombinePlan:
 
     def run(self, o_partial: int, lse_partial: int, out: int, lse: int = 0, stream: int = 0) -> None:
         """Launch with new raw device pointers for the prepared layouts (only alignment is rechecked)."""
+        if self.launcher.empty:
+            return  # nothing to compute; empty tensors may carry null pointers
         if o_partial & 15 or lse_partial & 3 or out % self._align_out or lse & 3:
             raise ArgumentError("pointers", (hex(o_partial), hex(lse_partial), hex(out), hex(lse)),
                                 f"o_partial 16-, lse_partial 4-, out {self._align_out}-, lse 4-byte aligned")
@@ -110,11 +111,31 @@ class CombinePlan:
         """Launch on tensors with the prepared shapes, strides and dtypes."""
         op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
         ls = None if lse is None else as_tensor(lse, "lse")
-        layout = (op.shape, op.strides, lp.shape, lp.strides, o.shape, o.strides, o.dtype,
-                  None if ls is None else (ls.shape, ls.strides))
-        if layout != self.layout:
-            raise ArgumentError("tensors", layout, f"the layout the plan was prepared for: {self.layout}")
-        if op.dtype != "fp32" or lp.dtype != "fp32" or (ls is not None and ls.dtype != "fp32"):
-            raise ArgumentError("dtype", (op.dtype, lp.dtype, None if ls is None else ls.dtype), "fp32 partials and LSE")
+        if layout_key(op, lp, o, ls) != self.layout:
+            raise ArgumentError("tensors", layout_key(op, lp, o, ls),
+                                f"the layout the plan was prepared for: {self.layout}")
+        self.launch_records(op, lp, o, ls, as_stream(stream))
+
+    def launch_records(self, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, stream: int) -> None:
+        """Launch on records whose layout_key equals the plan's: rechecks what depends on the pointers."""
         V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
-        self.run(op.ptr, lp.ptr, o.ptr, 0 if ls is None else ls.ptr, as_stream(stream))
+        self.run(op.ptr, lp.ptr, o.ptr, 0 if ls is None else ls.ptr, stream)
+
+
+def layout_key(op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None) -> tuple:
+    """Everything a plan's validation and dispatch depend on, except the pointers themselves."""
+    return (op.shape, op.strides, op.dtype, op.device, lp.shape, lp.strides, lp.dtype, lp.device,
+            o.shape, o.strides, o.dtype, o.device, o.ptr % (4 * o.itemsize) == 0,
+            None if ls is None else (ls.shape, ls.strides, ls.dtype, ls.device))
+
+
+def combine(runtime, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
+    """One call: plans are cached by layout, so a repeated shape costs a lookup, not a validation."""
+    op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
+    ls = None if lse is None else as_tensor(lse, "lse")
+    key = (FAMILY, runtime.device(), layout_key(op, lp, o, ls))
+    plan = runtime.plans.get(key)
+    if plan is None:
+        plan = CombinePlan(runtime, op, lp, o, ls)
+        runtime.remember_plan(key, plan)
+    plan.launch_records(op, lp, o, ls, as_stream(stream))

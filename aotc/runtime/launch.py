@@ -62,8 +62,12 @@ class PreparedLaunch:
             raise ValueError(f"prepared launch of {kernel.variant.name}: no value for parameters {sorted(missing)}")
         self.params.update(values)
         self._params_addr = self.params.address
-        self._launch = driver.launch
+        self._launch = driver.Launcher(self.handle)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.grid[0] and self.grid[1] and self.grid[2])
 
     def launch(self, stream: int = 0) -> None:
         if self.grid[0] and self.grid[1] and self.grid[2]:
-            self._launch(self.handle, self.grid, self.block, self.smem, stream, self._params_addr)
+            self._launch(self.grid, self.block, self.smem, stream, self._params_addr)
