@@ -75,7 +75,7 @@ def build(variants: Iterable[Variant], *, cache: Cache | None = None, jobs: int 
         if key is None:
             uncacheable.append(v)
             continue
-        art = cache.load(key)
+        art = cache.load(key, v)
         if art is not None:
             results[v] = VariantResult(v, key, "hit")
             artifacts[v] = art
@@ -117,7 +117,7 @@ def build(variants: Iterable[Variant], *, cache: Cache | None = None, jobs: int 
             finish(v, None, "failed", 0.0, str(e))
     for v, key in todo:
         if results[v].status in ("compiled", "hit"):
-            art = cache.load(key, count=False)
+            art = cache.load(key, v, count=False)
             if art is None:
                 results[v] = VariantResult(v, key, "failed", 0.0, "entry vanished or failed verification after commit")
             else:

@@ -17,11 +17,12 @@ import json
 import stat
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from . import config
+from . import __version__, config
 from .artifact import Artifact
 from .cache import atomic_write
 from .errors import BundleError, VersionSkewError
@@ -154,9 +155,9 @@ def _read(path: str | Path, *, check_arch: bool, collect: bool) -> tuple[list[st
             return problems, None
         version = manifest.get("format_version")
         if version != FORMAT_VERSION:
-            producer = manifest.get("producer", {})
+            producer = manifest.get("producer") if isinstance(manifest.get("producer"), dict) else {}
             msg = (f"bundle {path}: format version {version!r} (made by aotc {producer.get('aotc', '?')}); "
-                   f"this aotc reads format version {FORMAT_VERSION}")
+                   f"this aotc ({__version__}) reads format version {FORMAT_VERSION}")
             raise VersionSkewError(msg, hint=f"use aotc {producer.get('aotc', '?')} to read it, or rebuild the "
                                              f"bundle with this aotc: aotc build SPEC --bundle {path}")
         entries = manifest.get("artifacts")
@@ -176,6 +177,10 @@ def _read(path: str | Path, *, check_arch: bool, collect: bool) -> tuple[list[st
             listed.add(member)
             try:
                 declared = int(entry["size"])
+                if declared != zf.getinfo(member).file_size:
+                    fail(f"member {member!r}: the manifest says {declared} bytes, the zip entry "
+                         f"{zf.getinfo(member).file_size}")
+                    continue
                 data = _read_member(zf, member, min(max_member, declared))
                 art = Artifact.from_header(entry, data)
             except BundleError as e:
@@ -183,6 +188,9 @@ def _read(path: str | Path, *, check_arch: bool, collect: bool) -> tuple[list[st
                 continue
             except (ValueError, KeyError, TypeError) as e:
                 fail(f"member {member!r} does not match the manifest: {e}")
+                continue
+            if not _is_key(art.key):
+                fail(f"member {member!r}: key {art.key[:80]!r} is not a cache key (64 hex digits)")
                 continue
             if check_arch:
                 from . import cubin
@@ -202,10 +210,18 @@ def _read(path: str | Path, *, check_arch: bool, collect: bool) -> tuple[list[st
     return problems, Bundle(path, manifest, artifacts)
 
 
+def _is_key(key: str) -> bool:
+    return len(key) == 64 and all(c in "0123456789abcdef" for c in key)
+
+
 def _read_member(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
     """Read at most limit bytes; more means the zip lies about its sizes (or is a bomb)."""
-    with zf.open(name) as f:
-        data = f.read(limit + 1)
+    try:
+        with zf.open(name) as f:
+            data = f.read(limit + 1)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError, RuntimeError) as e:
+        # a bad CRC (e.g. a central directory that understates the size), a broken deflate stream, encryption
+        raise BundleError(f"{name!r} is corrupt: {e}") from None
     if len(data) > limit:
         raise BundleError(f"{name!r} inflates past {limit} bytes")
     return data
@@ -221,6 +237,36 @@ def merge_bundles(paths: Iterable[str | Path], out: str | Path) -> dict:
                                   f"in {p}", hint="merge only bundles built by the same aotc and DSL versions")
             arts[a.variant.name] = a
     return write_bundle(out, arts.values())
+
+
+def install_bundle(path: str | Path, cache) -> int:
+    """Put a bundle's verified kernels into `cache`; returns how many were new.
+
+    Entries go under the key this aotc computes for each variant, so a bundle
+    from other aotc/DSL versions (whose kernels local builds would never look
+    up) is refused with a message naming both sides' versions.
+    """
+    from .compile import cache_key
+    from .versions import producer_versions
+
+    b = read_bundle(path)
+    n = 0
+    for a in b.artifacts:
+        key = cache_key(a.variant) or a.key  # no DSL here: keep the producer's key
+        if key != a.key:
+            made = b.manifest.get("producer", {})
+            raise VersionSkewError(
+                f"bundle {path}: {a.variant.name} was built by {_versions(made)}; this machine has "
+                f"{_versions(producer_versions())}, so its cache would never look the kernel up",
+                hint=f"rebuild here (aotc build SPEC) or install aotc/DSL versions matching the bundle; "
+                     f"the runtime can still load the bundle itself: aotc.runtime.load({str(path)!r})")
+        _, created = cache.fill(key, a.variant, lambda a=a: a)
+        n += created
+    return n
+
+
+def _versions(v: dict) -> str:
+    return ", ".join(f"{k} {v[k]}" for k in sorted(v)) if isinstance(v, dict) else "unknown versions"
 
 
 def default_bundle_files() -> list[Path]:

@@ -131,8 +131,8 @@ class Cache:
         return out
 
     # ---- reading -----------------------------------------------------------
-    def check(self, key: str) -> tuple[EntryStatus, Artifact | None]:
-        """Read and verify one entry without side effects."""
+    def check(self, key: str, variant: Variant | None = None) -> tuple[EntryStatus, Artifact | None]:
+        """Read and verify one entry without side effects (and that it holds `variant`, when given)."""
         d = self.entry_dir(key)
         meta_path = d / "meta.json"
         try:
@@ -154,11 +154,13 @@ class Cache:
             return EntryStatus(key, d, "invalid", "kernel.cubin missing"), None
         except (OSError, ValueError, KeyError, TypeError) as e:
             return EntryStatus(key, d, "invalid", f"{type(e).__name__}: {e}"), None
+        if variant is not None and art.variant != variant:
+            return EntryStatus(key, d, "invalid", f"entry holds {art.variant.name}, not {variant.name}"), None
         return EntryStatus(key, d, "ok"), art
 
-    def load(self, key: str, *, count: bool = True) -> Artifact | None:
+    def load(self, key: str, variant: Variant | None = None, *, count: bool = True) -> Artifact | None:
         """The verified artifact, or None on a miss. A bad entry is counted invalid and quarantined."""
-        status, art = self.check(key)
+        status, art = self.check(key, variant)
         if art is not None:
             try:
                 os.utime(status.path / "meta.json")  # last use, for LRU eviction
@@ -168,22 +170,22 @@ class Cache:
                 self.count(hits=1)
             return art
         if status.state == "invalid":
-            self.quarantine(key, status.reason)
+            self.quarantine(key, status.reason, variant)
         if count:
             self.count(misses=1)
         return None
 
-    def quarantine(self, key: str, reason: str) -> None:
+    def quarantine(self, key: str, reason: str, variant: Variant | None = None) -> None:
         """Move a bad entry aside (under its lock) and count it invalid."""
         try:
             with self.locked(key):
-                self._quarantine_locked(key, reason)
+                self._quarantine_locked(key, reason, variant)
         except (ImportError, LockTimeoutError, OSError):
             return
 
-    def _quarantine_locked(self, key: str, reason: str) -> None:
+    def _quarantine_locked(self, key: str, reason: str, variant: Variant | None = None) -> None:
         """quarantine() for a caller that already holds the key's lock (flock does not nest across fds)."""
-        status, _ = self.check(key)
+        status, _ = self.check(key, variant)
         if status.state not in ("invalid", "partial"):
             return  # another process already repaired it
         dest = self.root / "quarantine" / f"{key}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
@@ -209,7 +211,7 @@ class Cache:
 
     def get_or_create(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
         """check -> lock -> recheck -> create -> commit. Returns (artifact, created)."""
-        art = self.load(key)
+        art = self.load(key, variant)
         if art is not None:
             return art, False
         return self.fill(key, variant, create)
@@ -218,7 +220,7 @@ class Cache:
         """After a miss: lock -> recheck -> create -> commit, so concurrent processes create a key once."""
         with self.locked(key, variant.name):
             # check(), not load(): load() quarantines a bad entry under the key's lock, which we hold
-            status, art = self.check(key)
+            status, art = self.check(key, variant)
             if art is not None:  # another process committed it while we waited
                 try:
                     os.utime(status.path / "meta.json")
@@ -228,7 +230,7 @@ class Cache:
                 return art, False
             if status.state == "invalid":
                 try:
-                    self._quarantine_locked(key, status.reason)
+                    self._quarantine_locked(key, status.reason, variant)
                 except OSError:
                     pass  # commit() overwrites it anyway
             art = create()
@@ -283,9 +285,9 @@ class Cache:
             d = self.entry_dir(key)
             try:
                 used = (d / "meta.json").stat().st_mtime
-            except OSError:
-                used = 0.0
-            size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+            except OSError:  # removed by another process meanwhile
+                continue
             entries.append((used, key, size))
         total = sum(e[2] for e in entries)
         evicted = []

@@ -192,15 +192,11 @@ def bundle_merge(out, inputs):
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def bundle_install(paths):
     """Copy each bundle's verified kernels into the cache."""
-    from .bundle import read_bundle
+    from .bundle import install_bundle
     from .cache import Cache
 
     cache = Cache()
-    n = 0
-    for p in paths:
-        for a in read_bundle(p).artifacts:
-            _, created = cache.fill(a.key, a.variant, lambda a=a: a)
-            n += created
+    n = sum(install_bundle(p, cache) for p in paths)
     click.echo(f"installed {n} new kernels into {cache.root}")
 
 

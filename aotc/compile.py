@@ -6,6 +6,7 @@ targets any arch from any machine.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -54,7 +55,10 @@ def compile_variant(variant: Variant, key: str | None = None) -> Artifact:
     t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="aotc-compile-") as dump_dir:
-            data, symbol = module.compile(variant, dump_dir=dump_dir)
+            result = module.compile(variant, dump_dir=dump_dir)
+        # (cubin, symbol) or (cubin, symbol, launch facts the compile determined, e.g. dynamic_smem)
+        data, symbol = result[0], result[1]
+        launch_updates = dict(result[2]) if len(result) > 2 else {}
     except Exception as e:  # the DSL raises many types; report them all against the variant
         raise CompileError(f"compiling {variant.name} failed: {type(e).__name__}: {e}") from e
     seconds = time.perf_counter() - t0
@@ -62,7 +66,9 @@ def compile_variant(variant: Variant, key: str | None = None) -> Artifact:
         raise CompileError(f"compiling {variant.name} produced no cubin")
     data = bytes(data)
     abi = fam.abi(variant, symbol)
-    launch = fam.launch(variant)
+    launch = dataclasses.replace(fam.launch(variant), **launch_updates)
+    if launch.dynamic_smem < 0:
+        raise CompileError(f"{variant.name}: the compile did not report its dynamic shared memory size")
     try:
         info = cubin.parse(data)
     except cubin.CubinError as e:

@@ -53,6 +53,16 @@ def arch_of(e_flags: int, abi_version: int) -> str:
 
 
 def parse(data: bytes) -> CubinInfo:
+    """Facts about a cubin; raises CubinError (never another exception) when data is not a well-formed one."""
+    try:
+        return _parse(data)
+    except CubinError:
+        raise
+    except (struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError) as e:
+        raise CubinError(f"malformed cubin: {type(e).__name__}: {e}") from None
+
+
+def _parse(data: bytes) -> CubinInfo:
     if len(data) < 64 or data[:4] != ELF_MAGIC:
         raise CubinError("not an ELF file")
     if data[4] != 2 or data[5] != 1:

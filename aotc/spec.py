@@ -91,9 +91,13 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
             if key not in field_names:
                 raise SpecError(f"{ctx}: unknown field {key!r} for family {fam.name}; fields are {field_names + ['arch', 'exclude']}")
         for ex in excludes:
-            for key in ex:
+            for key, value in ex.items():
                 if key not in field_names and key != "arch":
                     raise SpecError(f"{ctx}: exclude names unknown field {key!r}")
+                # a value no combination can take would silently exclude nothing
+                choices = list(KNOWN_ARCHS) if key == "arch" else list(fam.field(key).choices)
+                if value not in choices or type(value) is not type(choices[0]):
+                    raise SpecError(f"{ctx}: exclude {key} = {value!r} is not one of {choices}")
         lists = []
         for f in fam.fields:
             values = _as_list(table.get(f.name), f"{ctx}: {f.name}")

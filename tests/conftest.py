@@ -11,6 +11,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -156,10 +157,10 @@ def aotc_env(**extra: str) -> dict:
     return env
 
 
-def run_aotc(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run the CLI in a fresh interpreter (as a user would), capturing text output."""
+def run_aotc(*args: str, timeout: float = 300, stdin_text: str = "", **env: str) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh interpreter (as a user would), capturing text output; stdin is never the terminal."""
     return subprocess.run([PYTHON, "-m", "aotc", *args], cwd=REPO, env=aotc_env(**env), capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, input=stdin_text)
 
 
 def tree(root: Path) -> dict[str, tuple[int, float]]:
@@ -171,3 +172,20 @@ def tree(root: Path) -> dict[str, tuple[int, float]]:
             st = os.lstat(p)
             out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+@contextmanager
+def lock_held_elsewhere(path: Path):
+    """Hold a filelock on path in another process until the block ends (then kill it)."""
+    code = ("import filelock, sys, time\n"
+            "lock = filelock.FileLock(sys.argv[1]); lock.acquire()\n"
+            "print('held', flush=True); time.sleep(120)\n")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([PYTHON, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=aotc_env())
+    try:
+        assert p.stdout.readline().strip() == "held"
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from aotc.cache import Cache, atomic_write
 from aotc.errors import CacheError, LockTimeoutError
 from aotc.families import Family, get_family
 from aotc.variant import Variant
-from conftest import PYTHON, aotc_env
+from conftest import lock_held_elsewhere
 
 V = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="packed")
 
@@ -329,23 +327,6 @@ def test_empty_cache_operations(cache):
 
 
 # ---- locks ----------------------------------------------------------------
-
-@contextmanager
-def lock_held_elsewhere(path: Path):
-    """Hold a filelock on path in another process until the block ends (then kill it)."""
-    code = ("import filelock, sys, time\n"
-            "lock = filelock.FileLock(sys.argv[1]); lock.acquire()\n"
-            "print('held', flush=True); time.sleep(120)\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    p = subprocess.Popen([PYTHON, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=aotc_env())
-    try:
-        assert p.stdout.readline().strip() == "held"
-        yield p
-    finally:
-        p.kill()
-        p.wait()
-        p.stdout.close()
-
 
 def test_lock_timeout_names_the_lock(cache_dir, fake_artifact):
     c = Cache(lock_timeout=0.5)

@@ -98,3 +98,23 @@ def test_every_known_arch_compiles_to_its_target():
         info = cubin.parse(art.cubin)
         assert info.arch == arch
         assert art.abi.check_layout(info.kernels[art.abi.symbol].params) is None
+
+
+def test_corrupt_cubins_raise_only_cubin_error(real_artifacts):
+    """Random damage to the header, section table and .nv.info: parse returns or raises CubinError, nothing else."""
+    import random
+
+    data = real_artifacts[0].cubin
+    e_shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    regions = [(0, 64), (e_shoff, len(data)), (0, len(data))]
+    rng = random.Random(1234)
+    refused = 0
+    for _ in range(3000):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(*rng.choice(regions))] = rng.randrange(256)
+        try:
+            cubin.parse(bytes(b))
+        except cubin.CubinError:
+            refused += 1
+    assert refused > 100  # the damage is real often enough to exercise the error paths

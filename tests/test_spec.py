@@ -125,6 +125,18 @@ head_dim = 128
         assert "does not support sm_80" in p.reason
 
 
+def test_family_validity_rule_prunes_with_its_reason(tmp_path, monkeypatch):
+    families._load_all()
+    rule = lambda values: "fp32 needs head_dim >= 128" if values["dtype"] == "fp32" and values["head_dim"] < 128 else None
+    monkeypatch.setitem(families._FAMILIES, "sdpa_combine", dataclasses.replace(COMBINE, why_invalid=rule))
+    s = load_spec(write(tmp_path, '[[family]]\nname = "sdpa_combine"\narch = "sm_90a"\nstrides = "packed"\n'
+                                  'exclude = [{dtype = "fp16", head_dim = 64}]\n'))
+    assert len(s.variants) == 9 - 2
+    reasons = {(p.values["dtype"], p.values["head_dim"]): p.reason for p in s.pruned}
+    # the spec's exclude is checked before the family's rule
+    assert reasons == {("fp32", 64): "fp32 needs head_dim >= 128", ("fp16", 64): "excluded by the spec"}
+
+
 def test_family_validity_rule():
     assert COMBINE.why_invalid({"head_dim": 128}) is None
     reason = COMBINE.why_invalid({"head_dim": 96})
@@ -145,6 +157,9 @@ def test_family_validity_rule():
     ('name = "sdpa_nope"\narch = ["sm_90a"]', "'sdpa_nope'"),
     ('name = "sdpa_combine"\narch = ["sm_90a"]\nexclude = [{head_dimz = 64}]', "'head_dimz'"),
     ('name = "sdpa_combine"\narch = ["sm_90a"]\nexclude = {dtype = "bf16"}', "'exclude' must be a list"),
+    ('name = "sdpa_combine"\narch = ["sm_90a"]\nexclude = [{head_dim = "64"}]', "exclude head_dim = '64'"),
+    ('name = "sdpa_combine"\narch = ["sm_90a"]\nexclude = [{dtype = "bf61"}]', "exclude dtype = 'bf61'"),
+    ('name = "sdpa_combine"\narch = ["sm_90a"]\nexclude = [{arch = "sm_09a"}]', "exclude arch = 'sm_09a'"),
 ])
 def test_bad_spec_names_the_problem(tmp_path, body, needle):
     p = write(tmp_path, "[[family]]\n" + body + "\n")

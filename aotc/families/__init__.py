@@ -50,10 +50,8 @@ class Family:
         """sha256 over the family's description and kernel source, so editing either misses the cache."""
         h = hashlib.sha256()
         here = Path(__file__).resolve().parent
-        files = [here / "__init__.py", here / f"{self.name}.py",
-                 here.parent / "abi.py",
-                 here.parent / "kernels" / "__init__.py",
-                 here.parent / "kernels" / f"{self.name}.py"]
+        # the family's own files and the ABI rules; not the registry, so adding a family rebuilds nothing else
+        files = [here / f"{self.name}.py", here.parent / "abi.py", here.parent / "kernels" / f"{self.name}.py"]
         for path in files:
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes() if path.exists() else b"<missing>")
@@ -85,4 +83,4 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_all() -> None:
-    from . import sdpa_combine  # noqa: F401  (registers itself)
+    from . import sdpa_combine, sdpa_prefill  # noqa: F401  (each registers itself)

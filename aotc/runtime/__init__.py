@@ -91,6 +91,30 @@ class Runtime:
 
         combine(self, o_partial, lse_partial, out, lse, stream=stream)
 
+    def prepare_prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, cu_seqlens_q=None,
+                        cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
+        """Validate once and return a PrefillPlan (dense, or ragged when cu_seqlens are given)."""
+        from .prefill import PrefillPlan
+
+        return PrefillPlan(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_kv=max_seqlen_kv)
+
+    def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None) -> None:
+        """Attention forward over dense [B, S, H, D] tensors (any strides, head dim contiguous) into out (and lse)."""
+        from .prefill import prefill
+
+        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream)
+
+    def prefill_ragged(self, q, k, v, out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, lse=None, *,
+                       causal=False, softmax_scale=None, stream=None) -> None:
+        """Attention forward over packed tokens [total, H, D] with int32 cu_seqlens [B + 1] on the device."""
+        from .prefill import prefill
+
+        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream,
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                max_seqlen_kv=max_seqlen_kv)
+
     MAX_PLANS = 1024
 
     def remember_plan(self, key, plan) -> None:

@@ -1,0 +1,207 @@
+"""sdpa_prefill's runtime API: flash-attention forward over dense or ragged (THD) tensors.
+
+    rt.prefill(q, k, v, out, lse=None, causal=False, softmax_scale=None, stream=None)
+        q/out [B, S_q, H_q, D], k/v [B, S_kv, H_kv, D] (any strides with head dim contiguous)
+    rt.prefill_ragged(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, lse=None, ...)
+        q/out [total_q, H_q, D], k/v [total_kv, H_kv, D], cu_seqlens int32 [B + 1] on the device
+    plan = rt.prepare_prefill(...)   # validate once; plan(...) / plan.run(pointers) per call
+
+Causal masks are aligned bottom-right: query i of a sequence sees keys j <= i + S_kv - S_q.
+LSE (natural log, fp32) is [B, H_q, S_q] dense or [H_q, total_q] ragged.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import ArgumentError
+from ..families.sdpa_prefill import block_m
+from . import validate as V
+from .launch import PreparedLaunch
+from .tensors import TensorArg, as_stream, as_tensor
+
+FAMILY = "sdpa_prefill"
+DTYPES = ("fp16", "bf16")
+MAX_GRID_YZ = 65535
+
+
+class PrefillPlan:
+    def __init__(self, runtime, q, k, v, out, lse=None, *, causal: bool = False, softmax_scale: float | None = None,
+                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
+                 max_seqlen_kv: int | None = None):
+        ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
+        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
+        ls = None if lse is None else as_tensor(lse, "lse")
+        cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
+        cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
+        if not isinstance(causal, bool):
+            raise ArgumentError("causal", causal, "True or False")
+        device = runtime.device()
+        dims = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
+        batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim = dims
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(head_dim)
+        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
+        dtype = t["q"].dtype
+        packed = (not ragged and all(V.is_packed(x) for x in t.values()) and (ls is None or V.is_packed(ls)))
+        wanted = {"dtype": dtype, "head_dim": head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
+        kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
+                                + [{**wanted, "strides": "general"}])
+        self.variant = kernel.variant
+        self.ragged = ragged
+        self.has_lse = ls is not None
+        bm = block_m(head_dim)
+        grid = ((seqlen_q + bm - 1) // bm, heads_q, batch)
+        q_, k_, v_, o_ = t["q"], t["k"], t["v"], t["out"]
+        if ragged:  # [total, H, D]: no batch stride; LSE [H_q, total_q]
+            sb = lambda x: 0  # noqa: E731
+            ss = lambda x: x.strides[0]  # noqa: E731
+            sh = lambda x: x.strides[1]  # noqa: E731
+            lse_strides = (0, ls.strides[0], ls.strides[1]) if ls is not None else (0, 0, 0)
+        else:
+            sb = lambda x: x.strides[0]  # noqa: E731
+            ss = lambda x: x.strides[1]  # noqa: E731
+            sh = lambda x: x.strides[2]  # noqa: E731
+            lse_strides = ls.strides if ls is not None else (0, 0, 0)
+        values = {
+            "q": q_.ptr, "k": k_.ptr, "v": v_.ptr, "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
+            "cu_seqlens_q": 0 if cuq is None else cuq.ptr, "cu_seqlens_kv": 0 if cuk is None else cuk.ptr,
+            "batch": batch, "seqlen_q": seqlen_q, "seqlen_kv": seqlen_kv, "heads_q": heads_q, "heads_kv": heads_kv,
+            "write_lse": int(ls is not None), "softmax_scale": float(softmax_scale),
+            "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
+        }
+        for name, x in (("q", q_), ("k", k_), ("v", v_), ("o", o_)):
+            values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = sb(x), ss(x), sh(x)
+        self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)
+        self.launcher = PreparedLaunch(kernel, grid, device, values)
+        slots = self.launcher.params.slots
+        self._slots = tuple(slots[n] for n in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_kv"))
+
+    def run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, cu_seqlens_kv: int = 0,
+            stream: int = 0) -> None:
+        """Launch with new raw pointers for the prepared layouts (only alignment is rechecked)."""
+        if self.launcher.empty:
+            return
+        if (q | k | v | out) & 15 or lse & 3 or (cu_seqlens_q | cu_seqlens_kv) & 3:
+            raise ArgumentError("pointers", tuple(hex(p) for p in (q, k, v, out, lse)),
+                                "q, k, v, out 16-byte aligned; lse and cu_seqlens 4-byte aligned")
+        if self.has_lse == (lse == 0):
+            raise ArgumentError("lse", hex(lse), "a pointer" if self.has_lse else "0 (the plan writes no LSE)")
+        if self.ragged and not (cu_seqlens_q and cu_seqlens_kv):
+            raise ArgumentError("cu_seqlens", (hex(cu_seqlens_q), hex(cu_seqlens_kv)), "device pointers (ragged plan)")
+        s = self._slots
+        s[0].value, s[1].value, s[2].value, s[3].value = q, k, v, out
+        s[4].value, s[5].value, s[6].value = lse, cu_seqlens_q, cu_seqlens_kv
+        self.launcher.launch(stream)
+
+    def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})},
+                     {"q": t["q"], "k": t["k"], "v": t["v"]})
+        self.run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
+                 0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+
+
+def layout_key(t: dict, ls, cuq, cuk, causal, scale, max_q, max_kv) -> tuple:
+    def d(x):
+        return None if x is None else (x.shape, x.strides, x.dtype, x.device)
+
+    return (tuple(d(t[n]) for n in ("q", "k", "v", "out")), d(ls), d(cuq), d(cuk), causal, scale, max_q, max_kv)
+
+
+def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg | None, ragged: bool,
+                  cuq: TensorArg | None, cuk: TensorArg | None, max_q, max_kv) -> tuple[int, ...]:
+    """Validate every argument; returns (batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim)."""
+    q, k, v, o = t["q"], t["k"], t["v"], t["out"]
+    V.dtype(q, "q", DTYPES)
+    for name in ("k", "v", "out"):
+        V.dtype(t[name], name, (q.dtype,))
+    if ragged:
+        if cuq is None or cuk is None:
+            raise ArgumentError("cu_seqlens_kv" if cuq is not None else "cu_seqlens_q", None,
+                                "both cu_seqlens_q and cu_seqlens_kv for a ragged call")
+        for name in ("q", "out"):
+            V.ndim(t[name], name, 3, "total_q, H_q, D")
+        for name in ("k", "v"):
+            V.ndim(t[name], name, 3, "total_kv, H_kv, D")
+        total_q, heads_q, head_dim = q.shape
+        total_kv, heads_kv, _ = k.shape
+        for name, c in (("cu_seqlens_q", cuq), ("cu_seqlens_kv", cuk)):
+            V.dtype(c, name, ("int32",))
+            V.ndim(c, name, 1, "B + 1")
+            if c.shape[0] > 1 and c.strides[0] != 1:
+                raise ArgumentError(f"{name}.stride[0]", c.strides[0], "1 (contiguous)")
+            V.aligned(c, name, 4)
+        if cuq.shape[0] != cuk.shape[0] or cuq.shape[0] < 1:
+            raise ArgumentError("cu_seqlens_kv.shape[0]", cuk.shape[0], f"B + 1 = {cuq.shape[0]} (from cu_seqlens_q), >= 1")
+        batch = cuq.shape[0] - 1
+        for name, m, total in (("max_seqlen_q", max_q, total_q), ("max_seqlen_kv", max_kv, total_kv)):
+            if not isinstance(m, int) or isinstance(m, bool) or m < 0 or m > total:
+                raise ArgumentError(name, m, f"an int in [0, {total}] (the longest sequence; at most the token count)")
+        seqlen_q, seqlen_kv = max_q, max_kv
+        ax_s, ax_h = 0, 1
+    else:
+        for name in ("q", "out"):
+            V.ndim(t[name], name, 4, "B, S_q, H_q, D")
+        for name in ("k", "v"):
+            V.ndim(t[name], name, 4, "B, S_kv, H_kv, D")
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        _, seqlen_kv, heads_kv, _ = k.shape
+        V.dim(k, "k", 0, "B", batch, "from q")
+        V.dim(v, "v", 0, "B", batch, "from q")
+        ax_s, ax_h = 1, 2
+    off = 1 if not ragged else 0
+    for axis, (n, val) in enumerate(zip(("S_kv", "H_kv", "D"), (k.shape[ax_s], heads_kv, head_dim))):
+        V.dim(v, "v", axis + off, n, val, "from k")
+    V.dim(k, "k", ax_h + 1, "D", head_dim, "from q")
+    for axis in range(len(q.shape)):
+        V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
+    heads = runtime.field_values(FAMILY, "head_dim", device)
+    if head_dim not in heads:
+        raise ArgumentError("q.shape[-1]", head_dim, f"a head dim the loaded kernels cover: {sorted(heads)}")
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ArgumentError("k.shape[-2]", heads_kv, f"a divisor of H_q = {heads_q} (GQA/MQA)")
+    tensors = dict(t)
+    if ls is not None:
+        V.dtype(ls, "lse", ("fp32",))
+        if ragged:
+            V.ndim(ls, "lse", 2, "H_q, total_q")
+            V.dim(ls, "lse", 0, "H_q", heads_q, "from q")
+            V.dim(ls, "lse", 1, "total_q", q.shape[0], "from q")
+        else:
+            V.ndim(ls, "lse", 3, "B, H_q, S_q")
+            for axis, (n, val) in enumerate(zip(("B", "H_q", "S_q"), (batch, heads_q, seqlen_q))):
+                V.dim(ls, "lse", axis, n, val, "from q")
+        V.aligned(ls, "lse", 4)
+        tensors["lse"] = ls
+    if ragged:
+        tensors["cu_seqlens_q"], tensors["cu_seqlens_kv"] = cuq, cuk
+    V.cuda_device(tensors, device)
+    for name in ("q", "k", "v", "out"):
+        x = t[name]
+        V.unit_stride(x, name, len(x.shape) - 1)
+        V.aligned(x, name, 16)
+        V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
+    for name, val in (("B", batch), ("S_q", seqlen_q), ("S_kv", seqlen_kv), ("H_q", heads_q)):
+        V.int32_extent(val, name)
+    if heads_q > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+        raise ArgumentError("H_q" if heads_q > MAX_GRID_YZ else "B", max(heads_q, batch),
+                            f"at most {MAX_GRID_YZ} (grid y/z limit)")
+    V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"q": q, "k": k, "v": v})
+    return batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim
+
+
+def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
+            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None) -> None:
+    """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
+    t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
+    ls = None if lse is None else as_tensor(lse, "lse")
+    cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
+    cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
+    key = (FAMILY, runtime.device(), layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv),
+           all(x.ptr % 16 == 0 for x in t.values()))
+    plan = runtime.plans.get(key)
+    if plan is None:
+        plan = PrefillPlan(runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale,
+                           cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+        runtime.remember_plan(key, plan)
+    plan.launch_records(t, ls, cuq, cuk, as_stream(stream))

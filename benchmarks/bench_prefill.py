@@ -1,0 +1,118 @@
+"""Prefill kernel time against torch SDPA (flash and cuDNN backends), side by side in one process.
+
+    python benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out benchmarks/results
+
+Problem: 16k tokens in all, B = 16384 / S, H = 16, packed BSHD, bf16 (and fp16 for D128).
+Time: CUDA events around `reps` back-to-back launches, median of `trials`, after warm-up;
+an L2 flush (a 256 MB memset) before each trial. TFLOP/s = 4*B*H*S*S*D / t, halved when causal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def bench(fn, flush, reps=10, trials=7):
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(trials):
+        flush()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(reps):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / reps)
+    return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import aotc.runtime
+
+    rt = aotc.runtime.load(args.bundle)
+    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = flush_buf.zero_
+    rows = []
+    shapes = []
+    for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 8192, 16384)), (64, ("bf16",), (2048, 8192)),
+                            (256, ("bf16",), (2048, 8192))]:
+        for dtype in dtypes:
+            for S in seqs:
+                for causal in (False, True):
+                    shapes.append((D, dtype, S, causal))
+    if args.quick:
+        shapes = [s for s in shapes if s[2] in (2048, 8192)]
+    for D, dtype, S, causal in shapes:
+        H, B = 16, max(1, 16384 // S)
+        t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        q, k, v = (torch.randn(B, S, H, D, dtype=t, device="cuda") for _ in range(3))
+        out = torch.empty_like(q)
+        flops = 4 * B * H * S * S * D / (2 if causal else 1)
+        row = {"D": D, "dtype": dtype, "S": S, "B": B, "H": H, "causal": causal, "flops": flops}
+        try:
+            plan = rt.prepare_prefill(q, k, v, out, causal=causal)
+            stream = torch.cuda.current_stream().cuda_stream
+            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+            ms, spread = bench(lambda: plan.run(*ptrs, 0, 0, 0, stream), flush)
+            row.update(aotc_ms=ms, aotc_tflops=flops / ms / 1e9, aotc_spread=spread, variant=plan.variant.name)
+        except Exception as e:
+            row["aotc_error"] = f"{type(e).__name__}: {e}"
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # torch SDPA wants [B, H, S, D]
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                def call():
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                ms, spread = bench(call, flush)
+                row[f"{name}_ms"], row[f"{name}_tflops"] = ms, flops / ms / 1e9
+                if "aotc_ms" in row:
+                    row[f"x_{name}"] = row[f"{name}_ms"] / row["aotc_ms"]
+            except Exception as e:
+                row[f"{name}_error"] = f"{type(e).__name__}: {e}"
+        rows.append(row)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "flops"}),
+              flush=True)
+        del q, k, v, out, qt, kt, vt
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
+                                  "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
+        "command": "python benchmarks/bench_prefill.py " + " ".join(sys.argv[1:]),
+        "rows": rows,
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "prefill.json").write_text(json.dumps(result, indent=1))
+    print(f"{'D':>4} {'dt':>5} {'S':>6} {'causal':>6} {'aotc TF/s':>10} {'flash':>8} {'cudnn':>8} {'x flash':>8} {'x cudnn':>8}")
+    for r in rows:
+        print(f"{r['D']:>4} {r['dtype']:>5} {r['S']:>6} {str(r['causal']):>6} {r.get('aotc_tflops', float('nan')):>10.1f} "
+              f"{r.get('flash_tflops', float('nan')):>8.1f} {r.get('cudnn_tflops', float('nan')):>8.1f} "
+              f"{r.get('x_flash', float('nan')):>8.2f} {r.get('x_cudnn', float('nan')):>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
