@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 import uuid
 from contextlib import contextmanager
@@ -42,7 +43,30 @@ def _checked(key: str) -> str:
     return key
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+# ---- test-only fault injection ---------------------------------------------------------------
+# AOTC_TEST_KILL_POINT=<point>[:<n>] makes the process SIGKILL itself the n-th time (default: the first)
+# commit() reaches <point>, so tests/test_hostile_kill.py can land kills inside the few milliseconds of a
+# commit. Points, in commit order: before_cubin (entry uncommitted, nothing written), after_cubin_tmp
+# (cubin under its temporary name), after_cubin (cubin in place, no meta.json), after_meta_tmp (meta.json
+# under its temporary name), after_meta (committed, lock still held). Never set it outside tests; the
+# variable is read only when it is set, and costs one dict lookup per commit otherwise.
+TEST_KILL_POINT_ENV = "AOTC_TEST_KILL_POINT"
+_test_kill_hits: dict[str, int] = {}
+
+
+def _test_kill_point(point: str) -> None:
+    spec = os.environ.get(TEST_KILL_POINT_ENV)
+    if not spec:
+        return
+    name, _, nth = spec.partition(":")
+    if name != point:
+        return
+    _test_kill_hits[point] = _test_kill_hits.get(point, 0) + 1
+    if _test_kill_hits[point] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def atomic_write(path: Path, data: bytes, *, _test_point: str = "") -> None:
     """Write to a temporary name in the same directory, fsync, then os.replace."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
@@ -50,6 +74,8 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if _test_point:
+            _test_kill_point(_test_point)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -206,8 +232,14 @@ class Cache:
         d = self.entry_dir(art.key)
         d.mkdir(parents=True, exist_ok=True)
         (d / "meta.json").unlink(missing_ok=True)  # uncommit first if we are repairing
-        atomic_write(d / "kernel.cubin", art.cubin)
-        atomic_write(d / "meta.json", json.dumps(art.header(), sort_keys=True, indent=1).encode())
+        for stale in d.glob(".*.tmp-*"):  # left by a writer killed mid-commit (we hold the key's lock)
+            stale.unlink(missing_ok=True)
+        _test_kill_point("before_cubin")
+        atomic_write(d / "kernel.cubin", art.cubin, _test_point="after_cubin_tmp")
+        _test_kill_point("after_cubin")
+        atomic_write(d / "meta.json", json.dumps(art.header(), sort_keys=True, indent=1).encode(),
+                     _test_point="after_meta_tmp")
+        _test_kill_point("after_meta")
 
     def get_or_create(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
         """check -> lock -> recheck -> create -> commit. Returns (artifact, created)."""

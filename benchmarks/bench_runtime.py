@@ -40,6 +40,13 @@ def time_calls(fn, n, sync):
     return {"median_us": statistics.median(samples) / 1e3, "p99_us": percentile(samples, 0.99) / 1e3, "calls": n}
 
 
+def driver_free() -> int:
+    from cuda.bindings import driver as cu
+
+    err, free, _total = cu.cuMemGetInfo()
+    return int(free)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
@@ -85,6 +92,20 @@ def main() -> None:
     torch.cuda.synchronize()
     results["first_prepare_s"] = t_prepare_first
     results["variant"] = plan.variant.name
+
+    # GPU memory held by loaded modules: lazy loading keeps it proportional to the kernels used
+    torch.cuda.synchronize()
+    free0 = driver_free()
+    loaded = 0
+    for kernels in rt.kernels.values():
+        for kern in kernels:
+            if not kern.loaded:
+                kern.ensure_loaded(torch.cuda.current_device())
+                loaded += 1
+    torch.cuda.synchronize()
+    results["gpu_memory"] = {"modules_loaded": loaded, "free_bytes_drop": free0 - driver_free(),
+                             "note": "cuMemGetInfo free before/after loading every kernel of the bundle"}
+
 
     # the floor: the same cubin launched bare, parameters pre-packed, through cuda.bindings and through ctypes
     lau = plan.launcher
@@ -157,24 +178,36 @@ def main() -> None:
             v["x_floor_ctypes"] = v["median_us"] / host["bare_cuLaunchKernel_ctypes"]["median_us"]
     results["host_enqueue"] = host
 
-    # kernel time and bandwidth for a few combine shapes (CUDA events, median of 50 timed launches)
+    # kernel time and bandwidth for a few combine shapes: 20 launches captured in a CUDA graph, so the
+    # host's launch cost does not idle the GPU between them; median over 30 replays (CUDA events)
     kernel_rows = []
-    for splits, B, H, S in [(8, 64, 32, 1), (16, 1, 32, 1), (4, 8, 32, 4), (32, 128, 32, 1)]:
+    for splits, B, H, S in [(8, 64, 32, 1), (16, 1, 32, 1), (4, 8, 32, 4), (32, 128, 32, 1), (16, 512, 32, 4)]:
         op = torch.randn(splits, B, S, H, D, device=dev)
         lp = torch.randn(splits, B, H, S, device=dev)
         out = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16)
         lse = torch.empty(B, H, S, device=dev)
         pl = rt.prepare_combine(op, lp, out, lse)
-        for _ in range(10):
-            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), side.cuda_stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        per_graph = 20
+        with torch.cuda.graph(graph):
+            s_ = torch.cuda.current_stream().cuda_stream
+            for _ in range(per_graph):
+                pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), s_)
+        graph.replay()
+        torch.cuda.synchronize()
         times = []
-        for _ in range(50):
+        for _ in range(30):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
-            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), stream)
+            graph.replay()
             e1.record()
             e1.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e3)
+            times.append(e0.elapsed_time(e1) * 1e3 / per_graph)
         us = statistics.median(times)
         nbytes = op.numel() * 4 + lp.numel() * 4 + out.numel() * 2 + lse.numel() * 4
         kernel_rows.append({"splits": splits, "B": B, "H": H, "S_q": S, "D": D, "median_us": us,

@@ -133,13 +133,24 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     copy_rows = threads // copy_cols
     assert bm % copy_rows == 0 and bn % copy_rows == 0
 
+    # ------------------------------------------------------------------ thread-level parts
+    # Every per-thread partition is derived from an opaque copy of the thread index, made
+    # separately in the prologue, in each kv iteration and in the epilogue. Otherwise LLVM
+    # computes the thread's addresses once and keeps them all live across the kv loop (and
+    # ptxas spills them): recomputing them costs a few integer ops per iteration.
+
     @cute.jit
-    def load_kv(ctx, tXgX, tXsX, n, predicated: cutlass.Constexpr):
-        """cp.async one (bn, D) K or V tile; predicated: rows >= S_kv are zero-filled instead."""
+    def load_kv_tile(ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
+        """cp.async the (bn, D) tile n of K or V into sX; predicated: rows >= S_kv are zero-filled."""
+        thr = ctx.g2s.get_slice(tid)
+        tXgX = thr.partition_S(gX)  # (CPY, CPY_N, CPY_D, n_blocks)
+        tXsX = thr.partition_D(sX)
         if cutlass.const_expr(predicated):
-            kv_lim = ctx.s_kv - n * bn - ctx.thr_row
+            cKV = cute.make_identity_tensor((bn, D))
+            t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)
+            lim = ctx.s_kv - n * bn - thr.partition_S(cKV)[0][0]
             for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
-                if ctx.t0KVcKV[0, r, 0][0] < kv_lim:
+                if t0XcX[0, r, 0][0] < lim:
                     cute.copy(ctx.g2s, tXgX[None, r, None, n], tXsX[None, r, None])
                 else:
                     tXsX[None, r, None].fill(0)
@@ -147,61 +158,94 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             cute.copy(ctx.g2s, tXgX[None, None, None, n], tXsX)
 
     @cute.jit
-    def kv_block(ctx, n, masked: cutlass.Constexpr):
-        """One kv block: S = Q K^T, (mask), online softmax, O += P V; overlaps the V[n] and K[n-1] loads."""
-        thr_mma = ctx.thr_mma
-        tiled_mma = ctx.tiled_mma
-        acc_O = ctx.acc_O
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), Float32)
-        acc_S.fill(0.0)
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
-        load_kv(ctx, ctx.tVgV, ctx.tVsV, n, masked)
+    def prologue(ctx, n_max):
+        """cp.async the Q tile (rows >= S_q zero-filled) and the last kv block's K tile."""
+        tid = _opaque_i32(ctx.tidx)
+        thr = ctx.g2s.get_slice(tid)
+        tQgQ = thr.partition_S(ctx.gQ)
+        tQsQ = thr.partition_D(ctx.sQ)
+        cQ = cute.make_identity_tensor((bm, D))
+        t0QcQ = ctx.g2s.get_slice(0).partition_S(cQ)
+        lim = ctx.s_q - ctx.m_block * bm - thr.partition_S(cQ)[0][0]
+        for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+            if t0QcQ[0, m, 0][0] < lim:
+                cute.copy(ctx.g2s, tQgQ[None, m, None], tQsQ[None, m, None])
+            else:
+                tQsQ[None, m, None].fill(0)
+        if n_max > 0:
+            load_kv_tile(ctx, tid, ctx.gK, ctx.sK, n_max - 1, True)
         cute.arch.cp_async_commit_group()
 
-        # smem views rebuilt from an opaque zero offset: otherwise LLVM hoists every
-        # (thread base + constant) ldmatrix address out of the kv loop, one register each,
-        # instead of leaving the constants as immediates of the ldmatrix instructions
+    @cute.jit
+    def kv_block(ctx, n, masked: cutlass.Constexpr):
+        """One kv block: S = Q K^T, (mask), online softmax, O += P V; overlaps the V[n] and K[n-1] loads."""
+        tid = _opaque_i32(ctx.tidx)
+        # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
+        # are not hoisted out of the loop either (the constants stay instruction immediates)
         zero = cute.assume(_opaque_i32(Int32(0)), divby=1024)
         sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
         sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
-        sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))
-        tSsQ = ctx.s2r_Q.partition_S(sQ)
-        tSsK = ctx.s2r_K.partition_S(sK)
-        tOsVt = ctx.s2r_V.partition_S(sVt)
+        sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))  # V^T (D, bn)
 
-        # S = Q K^T
-        tSrQ, tSrQ_v = ctx.tSrQ, ctx.tSrQ_v
-        tSrK, tSrK_v = ctx.tSrK, ctx.tSrK_v
-        pf = cutlass.const_expr(PF_QK)
-        if cutlass.const_expr(pf):
-            cute.copy(ctx.s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
-            cute.copy(ctx.s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
-        for kk in cutlass.range_constexpr(cute.size(tSsQ.shape[2])):
-            if cutlass.const_expr(not pf):
-                cute.copy(ctx.s2r_Q, tSsQ[None, None, kk], tSrQ_v[None, None, kk])
-                cute.copy(ctx.s2r_K, tSsK[None, None, kk], tSrK_v[None, None, kk])
-            elif cutlass.const_expr(kk + 1 < cute.size(tSsQ.shape[2])):
-                cute.copy(ctx.s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
-                cute.copy(ctx.s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
+        tiled_mma = ctx.tiled_mma
+        thr_mma = tiled_mma.get_slice(tid)
+        s2r_Q = ctx.s2r_Q.get_slice(tid)
+        s2r_K = ctx.s2r_K.get_slice(tid)
+        s2r_V = ctx.s2r_V.get_slice(tid)
+        tSsQ = s2r_Q.partition_S(sQ)
+        tSsK = s2r_K.partition_S(sK)
+        tOsVt = s2r_V.partition_S(sVt)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        tSrQ_v = s2r_Q.retile(tSrQ)
+        tSrK_v = s2r_K.retile(tSrK)
+        tOrVt_v = s2r_V.retile(tOrVt)
+        acc_O = ctx.acc_O
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), Float32)
+        acc_S.fill(0.0)
+
+        # K[n] landed (and Q); every warp is done with V[n+1]: refill V
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        load_kv_tile(ctx, tid, ctx.gV, sV, n, masked)
+        cute.arch.cp_async_commit_group()
+
+        # S = Q K^T, the next k-slice's fragments loaded while the current one multiplies
+        n_k = cute.size(tSsQ.shape[2])
+        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
+        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
+        for kk in cutlass.range_constexpr(n_k):
+            if cutlass.const_expr(kk + 1 < n_k):
+                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
+                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
 
+        # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (always entirely in bounds)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n > 0:
-            load_kv(ctx, ctx.tKgK, ctx.tKsK, n - 1, False)
+            load_kv_tile(ctx, tid, ctx.gK, sK, n - 1, False)
         cute.arch.cp_async_commit_group()
 
-        # mask, online softmax, rescale O
+        # mask, online softmax (base 2, scale folded in), rescale O
         S_mn = _acc_mn_view(acc_S)
         O_mn = _acc_mn_view(acc_O)
-        t0ScS_mn = ctx.t0ScS_mn
+        cS = cute.make_identity_tensor((bm, bn))
+        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
-        col_lim = ctx.s_kv - n * bn - ctx.acc_col0
-        causal_lim = ctx.m_block * bm + ctx.acc_row0 + 1 + ctx.s_kv - ctx.s_q - n * bn - ctx.acc_col0
+        if cutlass.const_expr(masked):
+            # this thread's accumulator coordinates = thread 0's (compile time) + (row0, col0)
+            tScS = thr_mma.partition_C(cS)
+            row0 = tScS[0][0]
+            col0 = tScS[0][1]
+            # key j (tile column c = j - n*bn) is visible to query i iff
+            #   j < S_kv  and, causal, j <= i + S_kv - S_q
+            col_lim = ctx.s_kv - n * bn - col0
+            causal_lim = ctx.m_block * bm + row0 + 1 + ctx.s_kv - ctx.s_q - n * bn - col0
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(masked):
                 lim_r = col_lim
@@ -211,34 +255,33 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                     S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim_r else Float32(_NEG_INF)
             row = S_mn[r, None].load()
             m_prev = row_max[r]
-            m_cur = row.reduce(cute.ReductionOp.MAX, m_prev, 0)
-            m_cur = _quad_allreduce(m_cur, cute.arch.fmax)
+            m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
             row_max[r] = m_cur
-            m_safe = Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur
-            m_scaled = m_safe * scale_log2
+            # a row with nothing visible yet keeps max -inf: use 0 there, so exp2(-inf - 0) = 0
+            m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
             p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
             alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+            # per-thread partial row sums; the quad reduction happens once, in the epilogue
             row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             S_mn[r, None].store(p)
             O_mn[r, None].store(O_mn[r, None].load() * alpha)
 
-        # O += P V
+        # O += P V, P converted in registers to the A-operand layout
         rP = cute.make_rmem_tensor_like(acc_S, dtype)
         rP.store(acc_S.load().to(dtype))
         tOrP = cute.make_tensor(rP.iterator, _acc_to_a_operand(rP.layout))
-        tOrVt, tOrVt_v = ctx.tOrVt, ctx.tOrVt_v
-        # in 64-column chunks of D (one swizzle atom of V): V fragments of a single chunk are
-        # live at a time (plus the prefetched next one), which keeps D=128/256 under 255 regs
+        # in 64-column chunks of D (one swizzle atom of V): the V fragments of one chunk are
+        # live at a time (plus the prefetched next ones), which keeps D=128/256 under 255 regs
         n_chunks = D // 64
         steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
+        acc_O_c = cute.make_tensor(acc_O.iterator, cute.logical_divide(acc_O.layout, (None, None, 8)))
 
         def v_copy(h, kk):
             if cutlass.const_expr(n_chunks == 1):
-                cute.copy(ctx.s2r_V, tOsVt[None, None, kk], tOrVt_v[None, None, kk])
+                cute.copy(s2r_V, tOsVt[None, None, kk], tOrVt_v[None, None, kk])
             else:
-                cute.copy(ctx.s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
+                cute.copy(s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
 
-        acc_O_c = cute.make_tensor(acc_O.iterator, cute.logical_divide(acc_O.layout, (None, None, 8)))
         v_copy(*steps[0])
         for i in cutlass.range_constexpr(len(steps)):
             h, kk = steps[i]
@@ -249,6 +292,62 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             else:
                 acc_h = acc_O_c[None, None, (None, h)]
                 cute.gemm(tiled_mma, acc_h, tOrP[None, None, kk], tOrVt[None, (None, h), kk], acc_h)
+
+    @cute.jit
+    def epilogue(ctx):
+        """O = acc / rowsum -> smem (the Q buffer) -> 128-bit predicated stores; LSE."""
+        tid = _opaque_i32(ctx.tidx)
+        tiled_mma = ctx.tiled_mma
+        thr_mma = tiled_mma.get_slice(tid)
+        acc_O = ctx.acc_O
+        row_max = ctx.row_max
+        row_sum = ctx.row_sum
+        n_rows = cute.size(row_max)
+        O_mn = _acc_mn_view(acc_O)
+        lse_r = cute.make_rmem_tensor((n_rows,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            total = _quad_allreduce(row_sum[r], lambda a, b_: a + b_)
+            inv = Float32(1.0)
+            lse_r[r] = Float32(_NEG_INF)  # no visible key: O = 0 (acc is 0), LSE = -inf
+            if total > Float32(0.0):
+                inv = cute.arch.rcp_approx(total)
+                lse_r[r] = (row_max[r] * ctx.scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+            O_mn[r, None].store(O_mn[r, None].load() * inv)
+
+        # all cp.async retired (the Q tile too when no kv block ran) and every warp done with sQ
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        rO = cute.make_rmem_tensor_like(acc_O, dtype)
+        rO.store(acc_O.load().to(dtype))
+        sO = ctx.sQ
+        r2s = ctx.r2s.get_slice(tid)
+        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        cute.arch.barrier()
+
+        s2g_thr = ctx.s2g.get_slice(tid)
+        tOsO = s2g_thr.partition_S(sO)
+        tOgO = s2g_thr.partition_D(ctx.gO)
+        tOrO = cute.make_rmem_tensor_like(tOsO, dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        cO = cute.make_identity_tensor((bm, D))
+        t0OcO = ctx.s2g.get_slice(0).partition_S(cO)
+        o_lim = ctx.s_q - ctx.m_block * bm - s2g_thr.partition_S(cO)[0][0]
+        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+            if t0OcO[0, m, 0][0] < o_lim:
+                cute.copy(ctx.s2g, tOrO[None, m, None], tOgO[None, m, None])
+
+        if ctx.write_lse != 0:
+            cS = cute.make_identity_tensor((bm, bn))
+            tScS = thr_mma.partition_C(cS)
+            t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+            row0 = tScS[0][0]
+            if tScS[0][1] == 0:  # one thread of each quad writes the quad's rows
+                row_lim = ctx.s_q - ctx.m_block * bm - row0
+                for r in cutlass.range_constexpr(n_rows):
+                    rr = t0ScS_mn[r, 0][0]
+                    if rr < row_lim:
+                        i = Int64(ctx.m_block * bm + row0 + rr)
+                        ctx.lse[ctx.lse_off + i * ctx.lse_ss] = lse_r[r]
 
     @cute.kernel
     def sdpa_prefill_kernel(
@@ -298,21 +397,26 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 o_ss = q_row
                 k_ss = kv_row
                 v_ss = kv_row
+                lse_off = (Int64(bidx) * Int64(heads_q) + Int64(head)) * Int64(s_q)
+                lse_ss = Int64(1)
             else:
                 q_ss = cute.assume(q_stride_s, divby=_VEC)
                 k_ss = cute.assume(k_stride_s, divby=_VEC)
                 v_ss = cute.assume(v_stride_s, divby=_VEC)
                 o_ss = cute.assume(o_stride_s, divby=_VEC)
+                lse_ss = lse_stride_s
                 if cutlass.const_expr(ragged):
                     q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
                     o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
                     k_off = Int64(kv_start) * k_stride_s + Int64(kv_head) * k_stride_h
                     v_off = Int64(kv_start) * v_stride_s + Int64(kv_head) * v_stride_h
+                    lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
                 else:
                     q_off = Int64(bidx) * q_stride_b + Int64(head) * q_stride_h
                     o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
                     k_off = Int64(bidx) * k_stride_b + Int64(kv_head) * k_stride_h
                     v_off = Int64(bidx) * v_stride_b + Int64(kv_head) * v_stride_h
+                    lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
                 q_ptr = q + cute.assume(q_off, divby=_VEC)
                 o_ptr = o + cute.assume(o_off, divby=_VEC)
                 k_ptr = k + cute.assume(k_off, divby=_VEC)
@@ -322,198 +426,89 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             mO = cute.make_tensor(o_ptr, cute.make_layout((s_q, D), stride=(o_ss, 1)))
             mK = cute.make_tensor(k_ptr, cute.make_layout((s_kv, D), stride=(k_ss, 1)))
             mV = cute.make_tensor(v_ptr, cute.make_layout((s_kv, D), stride=(v_ss, 1)))
-            gQ = cute.local_tile(mQ, (bm, D), (m_block, 0))
-            gO = cute.local_tile(mO, (bm, D), (m_block, 0))
-            gK = cute.local_tile(mK, (bn, D), (None, 0))  # (bn, D, n_blocks)
-            gV = cute.local_tile(mV, (bn, D), (None, 0))
 
             # -------------------------------------------------------- shared memory
-            # 64-column (128-byte) rows, 3-bit XOR swizzle on 16-byte chunks: conflict-free
+            # 64-column (128-byte) rows, 3-bit XOR swizzle of the 16-byte chunks: conflict-free
             # 128-bit cp.async writes and ldmatrix reads
             s_atom = cute.make_composed_layout(
-                cute.make_swizzle(3, 3, 3), 0,
-                cute.make_layout((8, 64), stride=(64, 1)),
+                cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)),
             )
-            sQ_layout = cute.tile_to_shape(s_atom, (bm, D), (0, 1))
-            sKV_layout = cute.tile_to_shape(s_atom, (bn, D), (0, 1))
-
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
-            sQ = storage.sQ.get_tensor(sQ_layout)
-            sK = storage.sK.get_tensor(sKV_layout)
-            sV = storage.sV.get_tensor(sKV_layout)
-            # V^T view (D, bn) for the B operand of O += P V
-            sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))
 
-            # -------------------------------------------------------- gmem <-> smem copies
+            # -------------------------------------------------------- copies and MMA
             g2s_atom = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
-                num_bits_per_copy=128,
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128,
             )
             thr_layout = cute.make_layout((copy_rows, copy_cols), stride=(copy_cols, 1))
             val_layout = cute.make_layout((1, _VEC))
-            g2s = cute.make_tiled_copy_tv(g2s_atom, thr_layout, val_layout)
             s2g_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-            s2g = cute.make_tiled_copy_tv(s2g_atom, thr_layout, val_layout)
-
-            g2s_thr = g2s.get_slice(tidx)
-            tQgQ = g2s_thr.partition_S(gQ)
-            tQsQ = g2s_thr.partition_D(sQ)
-            tKgK = g2s_thr.partition_S(gK)
-            tKsK = g2s_thr.partition_D(sK)
-            tVgV = g2s_thr.partition_S(gV)
-            tVsV = g2s_thr.partition_D(sV)
-            # tile-local coordinates: this thread's first row, plus compile-time row offsets
-            cQ = cute.make_identity_tensor((bm, D))
-            cKV = cute.make_identity_tensor((bn, D))
-            tQcQ = g2s_thr.partition_S(cQ)
-            tKVcKV = g2s_thr.partition_S(cKV)
-            t0QcQ = g2s.get_slice(0).partition_S(cQ)
-            t0KVcKV = g2s.get_slice(0).partition_S(cKV)
-            thr_row = tQcQ[0][0]
-
-            # -------------------------------------------------------- MMA and smem -> rmem
             tiled_mma = cute.make_tiled_mma(
                 warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
                 (warps, 1, 1),
                 permutation_mnk=(warps * 16, 16, 16),
             )
-            thr_mma = tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, D)), Float32)
-            acc_O.fill(0.0)
-
             ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
             ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
-            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
-            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
-            tSsQ = s2r_Q.partition_S(sQ)
-            tSrQ_v = s2r_Q.retile(tSrQ)
-            tSsK = s2r_K.partition_S(sK)
-            tSrK_v = s2r_K.retile(tSrK)
-            tOsVt = s2r_V.partition_S(sVt)
-            tOrVt_v = s2r_V.retile(tOrVt)
+            r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=32)
 
-            # accumulator coordinates (tile-local): thread offset + compile-time per-element part
-            cS = cute.make_identity_tensor((bm, bn))
-            tScS = thr_mma.partition_C(cS)
-            t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
-            acc_row0 = tScS[0][0]
-            acc_col0 = tScS[0][1]
+            ctx = SimpleNamespace(
+                tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
+                gQ=cute.local_tile(mQ, (bm, D), (m_block, 0)),
+                gO=cute.local_tile(mO, (bm, D), (m_block, 0)),
+                gK=cute.local_tile(mK, (bn, D), (None, 0)),  # (bn, D, n_blocks)
+                gV=cute.local_tile(mV, (bn, D), (None, 0)),
+                sQ=storage.sQ.get_tensor(cute.tile_to_shape(s_atom, (bm, D), (0, 1))),
+                sK=storage.sK.get_tensor(cute.tile_to_shape(s_atom, (bn, D), (0, 1))),
+                sV=storage.sV.get_tensor(cute.tile_to_shape(s_atom, (bn, D), (0, 1))),
+                g2s=cute.make_tiled_copy_tv(g2s_atom, thr_layout, val_layout),
+                s2g=cute.make_tiled_copy_tv(s2g_atom, thr_layout, val_layout),
+                tiled_mma=tiled_mma,
+                s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
+                s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
+                s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
+                r2s=cute.make_tiled_copy_C(r2s_atom, tiled_mma),
+                scale_log2=softmax_scale * Float32(LOG2_E),
+                lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
+            )
+            # fp32 accumulator of O and the running row max / (per-thread partial) row sum
+            ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, D)), Float32)
+            ctx.acc_O.fill(0.0)
+            n_rows = cute.size(ctx.acc_O, mode=[0, 1]) * cute.size(ctx.acc_O, mode=[1])
+            ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
+            ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+            ctx.row_max.fill(_NEG_INF)
+            ctx.row_sum.fill(0.0)
 
-            # -------------------------------------------------------- block range
+            # -------------------------------------------------------- kv block range
             n_blocks = (s_kv + (bn - 1)) // bn
             n_max = n_blocks
             n_mask_min = n_max - 1  # non-causal: only the last (sequence-tail) block is masked
             if cutlass.const_expr(causal):
-                # last key visible to the tile's last row: m_block*bm + bm - 1 + S_kv - S_q
+                # the tile's last row sees keys up to m_block*bm + bm - 1 + S_kv - S_q
                 lim = m_block * bm + bm + s_kv - s_q
                 n_causal = Int32(0)
                 if lim > 0:
                     n_causal = (lim + (bn - 1)) // bn
                 n_max = cutlass.min(n_blocks, n_causal)
-                # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are fully visible
+                # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are visible to every row
                 first_masked = Int32(0)
                 lim_lo = m_block * bm + 1 + s_kv - s_q
                 if lim_lo > 0:
                     first_masked = lim_lo // bn
                 n_mask_min = cutlass.min(first_masked, n_max - 1)
-            # no kv block at all (S_kv = 0, or causal with S_q > S_kv + this tile's last row):
-            # both loops run 0 times and the epilogue writes O = 0, LSE = -inf
+            # no kv block at all (S_kv = 0, or causal with a tile that sees no key): both loops
+            # run 0 times and the epilogue writes O = 0, LSE = -inf
             n_mask_min = cutlass.max(n_mask_min, 0)
 
-            scale_log2 = softmax_scale * Float32(LOG2_E)
-            n_rows = cute.size(t0ScS_mn, mode=[0])
-            row_max = cute.make_rmem_tensor((n_rows,), Float32)
-            row_sum = cute.make_rmem_tensor((n_rows,), Float32)
-            row_max.fill(_NEG_INF)
-            row_sum.fill(0.0)
-
-            # -------------------------------------------------------- loads
-            q_lim = s_q - m_block * bm - thr_row
-            for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
-                if t0QcQ[0, m, 0][0] < q_lim:
-                    cute.copy(g2s, tQgQ[None, m, None], tQsQ[None, m, None])
-                else:
-                    tQsQ[None, m, None].fill(0)
-
-            if cutlass.const_expr(os.environ.get("AOTC_DEV_SHAPES")):
-                print("tSsQ", tSsQ.shape, "tSrQ", tSrQ.shape, "tSrQ_v", tSrQ_v.shape)
-                print("tSsK", tSsK.shape, "tSrK", tSrK.shape, "tSrK_v", tSrK_v.shape)
-                print("tOsVt", tOsVt.shape, "tOrVt", tOrVt.shape, "tOrVt_v", tOrVt_v.shape)
-                print("acc_O", acc_O.shape, "tKgK", tKgK.shape, "tQsQ", tQsQ.shape)
-                print("tSrK layout", tSrK.layout, "tSrK_v", tSrK_v.layout)
-                print("tOrVt layout", tOrVt.layout, "tOrVt_v", tOrVt_v.layout)
-                print("tSrQ layout", tSrQ.layout, "tSrQ_v", tSrQ_v.layout)
-            ctx = SimpleNamespace(
-                g2s=g2s, t0KVcKV=t0KVcKV, thr_row=thr_row, s_kv=s_kv, s_q=s_q, m_block=m_block,
-                tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
-                tiled_mma=tiled_mma, thr_mma=thr_mma, acc_O=acc_O,
-                s2r_Q=s2r_Q, s2r_K=s2r_K, s2r_V=s2r_V, sQ=sQ, sK=sK, sV=sV,
-                tSrQ=tSrQ, tSrQ_v=tSrQ_v, tSrK=tSrK, tSrK_v=tSrK_v, tOrVt=tOrVt, tOrVt_v=tOrVt_v,
-                t0ScS_mn=t0ScS_mn, acc_row0=acc_row0, acc_col0=acc_col0,
-                row_max=row_max, row_sum=row_sum, scale_log2=scale_log2,
-            )
-            if n_max > 0:
-                load_kv(ctx, ctx.tKgK, ctx.tKsK, n_max - 1, True)
-            cute.arch.cp_async_commit_group()
-
-            # -------------------------------------------------------- main loops
-            n_masked = n_max - n_mask_min  # >= 1 when n_max > 0
-            for t in cutlass.range(n_masked, unroll=1):
+            prologue(ctx, n_max)
+            # blocks n_max-1 .. n_mask_min with masks (the first one also has predicated loads),
+            # then n_mask_min-1 .. 0 without
+            for t in cutlass.range(n_max - n_mask_min, unroll=1):
                 kv_block(ctx, n_max - 1 - t, True)
             for t in cutlass.range(n_mask_min, unroll=1):
                 kv_block(ctx, n_mask_min - 1 - t, False)
-
-            # -------------------------------------------------------- epilogue
-            O_mn = _acc_mn_view(acc_O)
-            lse_r = cute.make_rmem_tensor((n_rows,), Float32)
-            for r in cutlass.range_constexpr(n_rows):
-                total = _quad_allreduce(row_sum[r], lambda a, b_: a + b_)
-                inv = Float32(1.0)
-                lse_r[r] = Float32(_NEG_INF)
-                if total > Float32(0.0):
-                    inv = cute.arch.rcp_approx(total)
-                    lse_r[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
-                O_mn[r, None].store(O_mn[r, None].load() * inv)
-
-            # every cp.async done (incl. the Q tile when no kv block ran), every warp done with sQ
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.barrier()
-            rO = cute.make_rmem_tensor_like(acc_O, dtype)
-            rO.store(acc_O.load().to(dtype))
-            sO = cute.make_tensor(sQ.iterator, sQ_layout)
-            r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=32)
-            r2s = cute.make_tiled_copy_C(r2s_atom, tiled_mma).get_slice(tidx)
-            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
-            cute.arch.barrier()
-
-            s2g_thr = s2g.get_slice(tidx)
-            tOsO = s2g_thr.partition_S(sO)
-            tOgO = s2g_thr.partition_D(gO)
-            tOrO = cute.make_rmem_tensor_like(tOsO, dtype)
-            cute.autovec_copy(tOsO, tOrO)
-            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if t0QcQ[0, m, 0][0] < q_lim:
-                    cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
-
-            if write_lse != 0:
-                if acc_col0 == 0:
-                    row_lim = s_q - m_block * bm - acc_row0
-                    for r in cutlass.range_constexpr(n_rows):
-                        rr = t0ScS_mn[r, 0][0]
-                        if rr < row_lim:
-                            i = Int64(m_block * bm + acc_row0 + rr)
-                            if cutlass.const_expr(packed):
-                                off = (Int64(bidx) * Int64(heads_q) + Int64(head)) * Int64(s_q) + i
-                            elif cutlass.const_expr(ragged):
-                                off = Int64(head) * lse_stride_h + (Int64(q_start) + i) * lse_stride_s
-                            else:
-                                off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h + i * lse_stride_s
-                            lse[off] = lse_r[r]
+            epilogue(ctx)
 
     @cute.jit
     def sdpa_prefill_host(

@@ -1,0 +1,142 @@
+"""Turn benchmarks/results/*.json into PNG plots and the markdown table the README links to.
+
+    python benchmarks/report.py [--results benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def plot_prefill(pre: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for D in sorted({r["D"] for r in pre["rows"]}):
+        rows = [r for r in pre["rows"] if r["D"] == D and r["dtype"] == "bf16"]
+        if not rows:
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, causal in zip(axes, (False, True)):
+            sel = sorted((r for r in rows if r["causal"] == causal), key=lambda r: r["S"])
+            xs = [r["S"] for r in sel]
+            for key, label, style in (("aotc_tflops", "aotc sdpa_prefill", "o-"),
+                                      ("flash_tflops", "torch SDPA flash", "s--"),
+                                      ("cudnn_tflops", "torch SDPA cuDNN", "^--")):
+                ys = [r.get(key, float("nan")) for r in sel]
+                ax.plot(xs, ys, style, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.set_xlabel("sequence length S (B = 16384 / S, H = 16)")
+            ax.set_title(f"bf16 D={D} {'causal' if causal else 'non-causal'}")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("TFLOP/s (4·B·H·S²·D, halved if causal)")
+        axes[0].legend()
+        fig.suptitle(f"prefill forward on {pre['gpu']} ({pre['date'][:10]})")
+        fig.tight_layout()
+        name = f"prefill_d{D}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made
+
+
+def plot_host(rtj: dict, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    host = {k: v for k, v in rtj["host_enqueue"].items() if "median_us" in v}
+    names = list(host)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    med = [host[n]["median_us"] for n in names]
+    p99 = [host[n]["p99_us"] for n in names]
+    y = range(len(names))
+    ax.barh(y, med, label="median")
+    ax.scatter(p99, y, color="black", marker="|", s=200, label="p99", zorder=3)
+    ax.set_yticks(list(y), [n.replace("_", " ") for n in names])
+    ax.invert_yaxis()
+    ax.set_xlabel("host time per call, microseconds (10,000 calls, GPU synchronized outside the timer)")
+    ax.set_title(f"host enqueue on {rtj['gpu']} ({rtj['date'][:10]})")
+    ax.legend(loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "host_enqueue.png", dpi=110)
+    plt.close(fig)
+    return "host_enqueue.png"
+
+
+def markdown(rtj, pre, build) -> str:
+    lines = ["# Benchmark results", ""]
+    if pre:
+        lines += [f"## Prefill forward ({pre['gpu']}, {pre['date']}, `{pre['command']}`)", "",
+                  "| D | dtype | S | B | causal | aotc TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | x flash | x cuDNN |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in pre["rows"]:
+            f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
+            g = lambda k: f"{r[k]:.2f}" if k in r else "n/a"  # noqa: E731
+            lines.append(f"| {r['D']} | {r['dtype']} | {r['S']} | {r['B']} | {r['causal']} | {f('aotc_tflops')} | "
+                         f"{f('flash_tflops')} | {f('cudnn_tflops')} | {g('x_flash')} | {g('x_cudnn')} |")
+        lines.append("")
+    if rtj:
+        lines += [f"## Host enqueue ({rtj['gpu']}, {rtj['date']}, commit {rtj['git_commit'][:12]})", "",
+                  "| path | median µs | p99 µs | x bare cuLaunchKernel (cuda.bindings) |", "|---|---|---|---|"]
+        for n, v in rtj["host_enqueue"].items():
+            if "median_us" in v:
+                lines.append(f"| {n} | {v['median_us']:.2f} | {v['p99_us']:.2f} | {v['x_floor_cuda_bindings']:.2f} |")
+        lines += ["", f"Bundle load (read + verify {rtj['kernels']} kernels, in process): {rtj['load_bundle_s'] * 1e3:.1f} ms; "
+                  f"first prepare incl. lazy module load: {rtj['first_prepare_s'] * 1e3:.2f} ms.", ""]
+        if "gpu_memory" in rtj:
+            gm = rtj["gpu_memory"]
+            lines += [f"GPU memory: loading {gm['modules_loaded']} more modules took {gm['free_bytes_drop'] / 2**20:.1f} MiB "
+                      "(cuMemGetInfo).", ""]
+        lines += ["| combine shape | median µs | GB/s |", "|---|---|---|"]
+        for r in rtj["combine_kernel"]:
+            lines.append(f"| splits {r['splits']} B {r['B']} H {r['H']} S_q {r['S_q']} D {r['D']} | "
+                         f"{r['median_us']:.1f} | {r['GB_per_s']:.0f} |")
+        lines.append("")
+    if build:
+        lines += [f"## Build side ({build['machine']}, {build['date']}, `{build['command']}`)", "",
+                  f"- {build['variants']} variants cold with -j {build['jobs']}: {build['cold_build_s']:.1f} s "
+                  f"({build['variants_per_minute']:.0f} variants/minute); warm (all hits): {build['warm_build_s']:.2f} s",
+                  f"- bundle: {build['bundle_bytes'] / 1024:.0f} KiB",
+                  f"- fresh process, import aotc.runtime + read + verify the bundle: "
+                  f"{build['bundle_load_s (fresh process: import aotc.runtime + read + verify)']:.3f} s",
+                  f"- fresh process, import CuTe DSL + cute.compile one variant (the JIT path): "
+                  f"{build['jit_first_compile_s (fresh process: import DSL + cute.compile one variant)']:.2f} s",
+                  f"- RSS added: import aotc.runtime {build['rss_import_aotc_runtime_bytes'] / 2**20:.1f} MiB, "
+                  f"+ load bundle {build['rss_import_and_load_bundle_bytes'] / 2**20:.1f} MiB, against import cutlass "
+                  f"{build['rss_import_cutlass_dsl_bytes'] / 2**20:.1f} MiB "
+                  f"(ratio {build['rss_ratio_runtime_to_dsl']:.2f})", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    res = Path(args.results)
+    rtj, pre, build = load(res / "runtime.json"), load(res / "prefill.json"), load(res / "build.json")
+    made = []
+    if pre:
+        made += plot_prefill(pre, res)
+    if rtj:
+        made.append(plot_host(rtj, res))
+    md = markdown(rtj, pre, build) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
+    (res / "README.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
