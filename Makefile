@@ -6,7 +6,7 @@ JOBS ?= 2
 # the GPU machine runs the system python (torch, cuda-bindings), no venv
 GPU_PYTHON ?= python3
 
-.PHONY: build test test-gpu bench venv clean
+.PHONY: build test test-gpu bench bench-build venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,18 @@ test: $(VENV)/.installed
 test-gpu:
 	bash tests/gpu/run_suite.sh $(GPU_PYTHON)
 
-## bench: runtime benchmarks on the GPU machine; JSON into benchmarks/results/
+RESULTS ?= benchmarks/results
+
+## bench: the GPU benchmarks (run on the GPU machine with artifacts/default.aotc): JSON, plots and a table in $(RESULTS)
 bench:
-	$(GPU_PYTHON) benchmarks/bench_runtime.py --bundle artifacts/default.aotc --out benchmarks/results
+	$(GPU_PYTHON) benchmarks/bench_runtime.py --bundle artifacts/default.aotc --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out $(RESULTS)
+	for i in 1 2 3 4 5; do $(GPU_PYTHON) benchmarks/cold_start.py artifacts/default.aotc; done > $(RESULTS)/cold_start.jsonl
+	$(GPU_PYTHON) benchmarks/report.py --results $(RESULTS)
+
+## bench-build: build-side and memory figures on this (CPU) machine
+bench-build: $(VENV)/.installed
+	$(PY) benchmarks/bench_build.py --out $(RESULTS)
 
 clean:
 	rm -rf $(VENV) gpu-logs .pytest_cache

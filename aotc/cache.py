@@ -111,17 +111,18 @@ class Cache:
 
     # ---- locking -----------------------------------------------------------
     @contextmanager
-    def locked(self, key: str, what: str = "") -> Iterator[None]:
-        """Hold the key's lock; flock-based, so a killed holder releases it."""
+    def locked(self, key: str, what: str = "", timeout: float | None = None) -> Iterator[None]:
+        """Hold the key's lock; flock-based, so a killed holder releases it. timeout=0: try once."""
         import filelock  # the runtime reads the cache without it
 
+        timeout = self.lock_timeout if timeout is None else timeout
         self.lock_dir.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(self.lock_path(key)), timeout=self.lock_timeout)
+        lock = filelock.FileLock(str(self.lock_path(key)), timeout=timeout)
         try:
             lock.acquire()
         except filelock.Timeout:
             raise LockTimeoutError(
-                f"timed out after {self.lock_timeout:g} s waiting for the lock on {what or key} "
+                f"timed out after {timeout:g} s waiting for the lock on {what or key} "
                 f"({self.lock_path(key)}): another process is compiling it or hung",
                 hint="raise AOTC_LOCK_TIMEOUT, or find the process holding the lock (e.g. `fuser` on the lock file)",
             ) from None
@@ -140,6 +141,8 @@ class Cache:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with filelock.FileLock(str(self.root / "stats.lock"), timeout=60):
+                for stale in self.root.glob(".stats.json.tmp-*"):  # left by a process killed mid-count
+                    stale.unlink(missing_ok=True)
                 stats = self.stats()
                 for k, v in deltas.items():
                     stats[k] = stats.get(k, 0) + v
@@ -196,24 +199,34 @@ class Cache:
                 self.count(hits=1)
             return art
         if status.state == "invalid":
-            self.quarantine(key, status.reason, variant)
+            # a reader never waits on a writer: whoever holds the key's lock is rewriting or removing the
+            # entry (and what looked invalid may be that write in progress); the next use rechecks it
+            self.quarantine(key, status.reason, variant, wait=False)
         if count:
             self.count(misses=1)
         return None
 
-    def quarantine(self, key: str, reason: str, variant: Variant | None = None) -> None:
-        """Move a bad entry aside (under its lock) and count it invalid."""
-        try:
-            with self.locked(key):
-                self._quarantine_locked(key, reason, variant)
-        except (ImportError, LockTimeoutError, OSError):
-            return
+    def quarantine(self, key: str, reason: str, variant: Variant | None = None, *, wait: bool = True,
+                   strict: bool = False) -> bool:
+        """Move a bad entry aside (under its lock) and count it invalid; True when this call moved it.
 
-    def _quarantine_locked(self, key: str, reason: str, variant: Variant | None = None) -> None:
+        wait=False tries the lock once and skips when another process holds it. A lock timeout is
+        skipped too, unless strict (then LockTimeoutError, naming the lock, propagates)."""
+        try:
+            with self.locked(key, timeout=None if wait else 0):
+                return self._quarantine_locked(key, reason, variant)
+        except LockTimeoutError:
+            if strict:
+                raise
+            return False
+        except (ImportError, OSError):
+            return False
+
+    def _quarantine_locked(self, key: str, reason: str, variant: Variant | None = None) -> bool:
         """quarantine() for a caller that already holds the key's lock (flock does not nest across fds)."""
         status, _ = self.check(key, variant)
         if status.state not in ("invalid", "partial"):
-            return  # another process already repaired it
+            return False  # another process already repaired it
         dest = self.root / "quarantine" / f"{key}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(status.path, dest)
@@ -223,6 +236,7 @@ class Cache:
             pass
         if status.state == "invalid":
             self.count(invalid=1)
+        return True
 
     # ---- writing -----------------------------------------------------------
     def commit(self, art: Artifact) -> None:
@@ -288,14 +302,17 @@ class Cache:
         return total
 
     def verify(self, repair: bool = True) -> list[EntryStatus]:
-        """Check every entry; bad and partial ones are quarantined when repair is set."""
+        """Check every entry; bad and partial ones are quarantined when repair is set.
+
+        With repair, a key whose lock cannot be had within the lock timeout raises LockTimeoutError
+        (naming the lock) rather than leaving the entry in place while reporting it quarantined."""
         problems = []
         for key in self.keys():
             status, _ = self.check(key)
             if status.state != "ok":
                 problems.append(status)
                 if repair:
-                    self.quarantine(key, status.reason or status.state)
+                    self.quarantine(key, status.reason or status.state, strict=True)
         return problems
 
     def remove(self, key: str) -> bool:

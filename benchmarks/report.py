@@ -77,8 +77,17 @@ def plot_host(rtj: dict, out: Path) -> str:
     return "host_enqueue.png"
 
 
-def markdown(rtj, pre, build) -> str:
+def markdown(rtj, pre, build, cold) -> str:
     lines = ["# Benchmark results", ""]
+    if cold:
+        import statistics
+
+        first = statistics.median(c["first_call_done_s"] for c in cold)
+        lines += [f"## Cold start (GPU machine, {len(cold)} fresh processes, `benchmarks/cold_start.py`)", "",
+                  f"Fresh process to first finished combine call, loading from the bundle: median {first:.3f} s "
+                  f"(import {statistics.median(c['import_s'] for c in cold):.3f} s, import + bundle load "
+                  f"{statistics.median(c['import_and_load_bundle_s'] for c in cold):.3f} s; the rest is CUDA "
+                  "driver initialisation, module load and the launch).", ""]
     if pre:
         lines += [f"## Prefill forward ({pre['gpu']}, {pre['date']}, `{pre['command']}`)", "",
                   "| D | dtype | S | B | causal | aotc TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | x flash | x cuDNN |",
@@ -128,12 +137,14 @@ def main() -> None:
     args = ap.parse_args()
     res = Path(args.results)
     rtj, pre, build = load(res / "runtime.json"), load(res / "prefill.json"), load(res / "build.json")
+    cold_path = res / "cold_start.jsonl"
+    cold = [json.loads(x) for x in cold_path.read_text().splitlines() if x.strip()] if cold_path.exists() else []
     made = []
     if pre:
         made += plot_prefill(pre, res)
     if rtj:
         made.append(plot_host(rtj, res))
-    md = markdown(rtj, pre, build) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
+    md = markdown(rtj, pre, build, cold) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
     (res / "README.md").write_text(md)
     print(md)
 

@@ -214,12 +214,13 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 
         # S = Q K^T, the next k-slice's fragments loaded while the current one multiplies
         n_k = cute.size(tSsQ.shape[2])
-        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
-        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
+        for kk in cutlass.range_constexpr(PF_QK):
+            cute.copy(s2r_Q, tSsQ[None, None, kk], tSrQ_v[None, None, kk])
+            cute.copy(s2r_K, tSsK[None, None, kk], tSrK_v[None, None, kk])
         for kk in cutlass.range_constexpr(n_k):
-            if cutlass.const_expr(kk + 1 < n_k):
-                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
-                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
+            if cutlass.const_expr(kk + PF_QK < n_k):
+                cute.copy(s2r_Q, tSsQ[None, None, kk + PF_QK], tSrQ_v[None, None, kk + PF_QK])
+                cute.copy(s2r_K, tSsK[None, None, kk + PF_QK], tSrK_v[None, None, kk + PF_QK])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
 
         # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (always entirely in bounds)
@@ -282,11 +283,12 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             else:
                 cute.copy(s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
 
-        v_copy(*steps[0])
+        for i in cutlass.range_constexpr(PF_PV):
+            v_copy(*steps[i])
         for i in cutlass.range_constexpr(len(steps)):
             h, kk = steps[i]
-            if cutlass.const_expr(i + 1 < len(steps)):
-                v_copy(*steps[i + 1])
+            if cutlass.const_expr(i + PF_PV < len(steps)):
+                v_copy(*steps[i + PF_PV])
             if cutlass.const_expr(n_chunks == 1):
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrVt[None, None, kk], acc_O)
             else:
