@@ -305,14 +305,17 @@ class Cache:
         """Check every entry; bad and partial ones are quarantined when repair is set.
 
         With repair, a key whose lock cannot be had within the lock timeout raises LockTimeoutError
-        (naming the lock) rather than leaving the entry in place while reporting it quarantined."""
+        (naming the lock) rather than leaving the entry in place while reporting it quarantined. An entry
+        that turns out fine under its lock was another process's write in progress, not a problem."""
         problems = []
         for key in self.keys():
             status, _ = self.check(key)
-            if status.state != "ok":
-                problems.append(status)
-                if repair:
-                    self.quarantine(key, status.reason or status.state, strict=True)
+            if status.state == "ok":
+                continue
+            if repair and not self.quarantine(key, status.reason or status.state, strict=True):
+                if self.check(key)[0].state in ("ok", "missing"):
+                    continue
+            problems.append(status)
         return problems
 
     def remove(self, key: str) -> bool:

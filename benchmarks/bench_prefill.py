@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def main() -> None:
         "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
                                   "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
         "command": "python benchmarks/bench_prefill.py " + " ".join(sys.argv[1:]),
+        "git_commit": os.environ.get("AOTC_GIT_COMMIT", "unknown"),
         "rows": rows,
     }
     out_dir = Path(args.out)

@@ -40,6 +40,15 @@ def time_calls(fn, n, sync):
     return {"median_us": statistics.median(samples) / 1e3, "p99_us": percentile(samples, 0.99) / 1e3, "calls": n}
 
 
+def git_commit() -> str:
+    """AOTC_GIT_COMMIT when set (the GPU machine gets a copy of the tree without its history), else git."""
+    env = os.environ.get("AOTC_GIT_COMMIT")
+    if env:
+        return env
+    r = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else "unknown"
+
+
 def driver_free() -> int:
     from cuda.bindings import driver as cu
 
@@ -72,8 +81,7 @@ def main() -> None:
         "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
                                  capture_output=True, text=True).stdout.strip(),
         "python": platform.python_version(), "torch": torch.__version__,
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        or os.environ.get("AOTC_GIT_COMMIT", "unknown"),
+        "git_commit": git_commit(),
         "bundle": args.bundle, "bundle_bytes": os.path.getsize(args.bundle),
         "import_runtime_s": t_import, "load_bundle_s": t_load, "kernels": sum(len(v) for v in rt.kernels.values()),
     }

@@ -62,6 +62,8 @@ _NEG_INF = -math.inf
 _VEC = 8  # elements per 128-bit access (fp16/bf16)
 PF_QK = int(os.environ.get("PF_QK", "1"))
 PF_PV = int(os.environ.get("PF_PV", "1"))
+LAUNDER_TID = int(os.environ.get("LAUNDER_TID", "1"))
+LAUNDER_ZERO = int(os.environ.get("LAUNDER_ZERO", "1"))
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -179,10 +181,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     @cute.jit
     def kv_block(ctx, n, masked: cutlass.Constexpr):
         """One kv block: S = Q K^T, (mask), online softmax, O += P V; overlaps the V[n] and K[n-1] loads."""
-        tid = _opaque_i32(ctx.tidx)
+        tid = _opaque_i32(ctx.tidx) if cutlass.const_expr(LAUNDER_TID) else ctx.tidx
         # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
         # are not hoisted out of the loop either (the constants stay instruction immediates)
-        zero = cute.assume(_opaque_i32(Int32(0)), divby=1024)
+        zero = cute.assume(_opaque_i32(Int32(0)) if cutlass.const_expr(LAUNDER_ZERO) else Int32(0), divby=1024)
         sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
         sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
