@@ -6,7 +6,7 @@ JOBS ?= 2
 # the GPU machine runs the system python (torch, cuda-bindings), no venv
 GPU_PYTHON ?= python3
 
-.PHONY: build test test-gpu bench bench-build venv clean
+.PHONY: build test test-gpu sanitize bench bench-build venv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test-gpu:
 	bash tests/gpu/run_suite.sh $(GPU_PYTHON)
 
 RESULTS ?= benchmarks/results
+
+## sanitize: compute-sanitizer memcheck over every family at edge shapes, racecheck/synccheck on one variant each (GPU machine)
+sanitize:
+	bash tests/gpu/run_sanitizer.sh
 
 ## bench: the GPU benchmarks (run on the GPU machine with artifacts/default.aotc): JSON, plots and a table in $(RESULTS)
 bench:

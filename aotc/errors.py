@@ -36,7 +36,7 @@ class MissingArtifactsError(CacheError):
     def __init__(self, names: list[str], build_command: str):
         self.names = list(names)
         self.build_command = build_command
-        shown = "\n  ".join(self.names[:50]) + ("\n  ..." if len(self.names) > 50 else "")
+        shown = "\n  ".join(self.names)
         super().__init__(
             f"{len(self.names)} variant(s) missing from the cache and compiling is forbidden:\n  {shown}",
             hint=f"build them on a machine with the compile extra: {build_command}",

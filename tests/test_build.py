@@ -21,10 +21,11 @@ pytest.importorskip("cutlass")
 
 def test_cold_then_warm_default_spec(cache_dir):
     names = [v.name for v in load_spec().variants]
-    cold = run_aotc("build", "-j", "2", "--json")
+    n = len(names)
+    cold = run_aotc("build", "-j", "2", "--json", timeout=1800)
     assert cold.returncode == 0, cold.stderr
     report = json.loads(cold.stdout)
-    assert report["counts"] == {"compiled": 18, "hit": 0, "bypassed": 0, "failed": 0}
+    assert report["counts"] == {"compiled": n, "hit": 0, "bypassed": 0, "failed": 0}
     assert [v["name"] for v in report["variants"]] == names
     assert all(len(v["key"]) == 64 and v["compile_seconds"] > 0 for v in report["variants"])
 
@@ -33,13 +34,13 @@ def test_cold_then_warm_default_spec(cache_dir):
     wall = time.perf_counter() - t0
     assert warm.returncode == 0, warm.stderr
     report2 = json.loads(warm.stdout)
-    assert report2["counts"] == {"compiled": 0, "hit": 18, "bypassed": 0, "failed": 0}
+    assert report2["counts"] == {"compiled": 0, "hit": n, "bypassed": 0, "failed": 0}
     assert [v["key"] for v in report2["variants"]] == [v["key"] for v in report["variants"]]
     assert wall < 3.0, f"a fully cached build of the default spec took {wall:.2f} s"
 
     stats = Cache().stats()
-    assert (stats["compiles"], stats["hits"], stats["misses"], stats["invalid"]) == (18, 18, 18, 0)
-    assert len(Cache().keys()) == 18
+    assert (stats["compiles"], stats["hits"], stats["misses"], stats["invalid"]) == (n, n, n, 0)
+    assert len(Cache().keys()) == n
     assert Cache().verify() == []
 
 
@@ -47,7 +48,7 @@ def test_offline_on_empty_cache_names_every_missing_variant(cache_dir, capsys):
     names = [v.name for v in load_spec().variants]
     assert main(["build", "--offline", "--json"]) == 5
     err = capsys.readouterr().err
-    assert "18 variant(s) missing" in err
+    assert f"{len(names)} variant(s) missing" in err
     for n in names:
         assert n in err
     assert "hint:" in err and "aotc build" in err

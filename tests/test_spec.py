@@ -24,13 +24,17 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18
-    assert len(set(s.variants)) == 18
-    assert {v.family for v in s.variants} == {"sdpa_combine"}
-    assert {v.arch for v in s.variants} == {"sm_90a"}
-    assert {(v["dtype"], v["head_dim"], v["strides"]) for v in s.variants} == set(
+    assert len(s.variants) == 18 + 36
+    assert len(set(s.variants)) == len(s.variants)
+    combine = [v for v in s.variants if v.family == "sdpa_combine"]
+    prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
+    assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
+    assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
-    assert s.pruned == ()
+    assert {(v["layout"], v["strides"]) for v in prefill} == {("dense", "general"), ("dense", "packed"),
+                                                             ("ragged", "general")}
+    # ragged x packed is pruned, with the family's reason
+    assert len(s.pruned) == 12 and all("packed specialization" in p.reason for p in s.pruned)
 
 
 def test_enumeration_is_the_product(tmp_path):

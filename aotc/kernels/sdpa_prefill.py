@@ -1,43 +1,58 @@
 """CuTe DSL kernel for the sdpa_prefill family (see aotc.families.sdpa_prefill).
 
-FlashAttention-2 forward with warp-level tensor cores, portable from sm_80 to sm_120.
+FlashAttention-2 forward with warp-level tensor cores (mma.sync m16n8k16, fp32 accumulate),
+cp.async and ldmatrix: the same code for sm_80, sm_86, sm_89, sm_90(a), sm_100a and sm_120a.
 
 One CTA of 32*warps threads computes a (block_m x D) tile of O for one (batch, head):
-CTA = (m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z). Each warp owns 16-row
-slabs of the tile (tiled MMA of `warps` x 1 x 1 m16n8k16 atoms, repeated over block_m).
+CTA = (m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z). The tiled MMA is
+warps x 1 x 1 m16n8k16 atoms: warp w owns rows 16w..16w+15 of every (16*warps)-row slab.
+Tiles (block_m, block_n, warps) come from aotc.families.sdpa_prefill.TILES.
 
-Memory pipeline (one Q buffer, one K buffer, one V buffer in dynamic shared memory):
+Pipeline (one Q, one K and one V buffer in dynamic shared memory, 128-byte XOR swizzle):
 
-  prologue:  cp.async Q tile, cp.async K[n_last]                           (commit)
-  per kv block n (from the last one down to 0):
-     wait all + barrier       K[n] (and Q) visible; every warp is done with V[n+1]
-     cp.async V[n]                                                         (commit)
-     S = Q K[n]^T             ldmatrix Q/K from smem, mma.sync m16n8k16, fp32 acc
-     wait all + barrier       V[n] visible; every warp is done with K[n]
-     cp.async K[n-1]          overlaps the softmax and the PV product      (commit)
-     mask (only in the "masked" steps), online softmax (exp2, fp32), rescale O
-     O += P V[n]              P converted to fp16/bf16 in registers, ldmatrix.trans V
+  prologue:  cp.async the Q tile and the K tile of the last kv block           (commit)
+  per kv block n, from the last one down to 0:
+     wait all + barrier       K[n] (and Q) landed; every warp is done with V[n+1]
+     cp.async V[n]            overlaps S = Q K^T                                 (commit)
+     S = Q K[n]^T             ldmatrix Q, K; mma.sync; fp32
+     wait all + barrier       V[n] landed; every warp is done with K[n]
+     cp.async K[n-1]          overlaps the softmax and O += P V                  (commit)
+     [mask], online softmax in fp32 (exp2 with scale*log2(e) folded in), rescale O
+     O += P V[n]              P converted to fp16/bf16 in registers (the MMA's A operand),
+                              ldmatrix.trans V, in 64-column chunks of D
 
 The kv blocks are walked backwards so that the blocks needing a mask (the sequence tail and,
-for causal, the blocks crossing the diagonal) come first, in a loop of their own; the rest run
-without any mask arithmetic. Loads of the first processed kv block are predicated on the
-sequence length (rows past S_kv are zero-filled in smem, so no NaN can come from stale
-smem through P*V); every later block is entirely in bounds. Q rows past S_q are zero-filled
-too; they are never stored.
+for causal, the blocks crossing the diagonal) come first, in a loop of their own; the other
+blocks run without any mask arithmetic. Loads of kv blocks in the masked loop are predicated
+on S_kv, rows past it zero-filled in smem (a stale NaN there would survive P*V as 0*NaN); the
+blocks of the unmasked loop are entirely in bounds. Q rows past S_q are zero-filled too
+(never stored). Nothing is read or written out of bounds.
 
-Masks: key j is visible to query i iff j < S_kv and (causal) j <= i + S_kv - S_q. A row
-that sees no key gets O = 0 and LSE = -inf. softmax_scale must be finite and > 0.
+Masks: key j is visible to query i iff j < S_kv and, causal (bottom-right aligned),
+j <= i + S_kv - S_q. Blocks past the causal limit are not visited. A row that sees no key
+keeps row max -inf (the exponent offset then uses 0, so every p is 0, not NaN) and gets
+O = 0 and LSE = -inf. softmax_scale must be finite and > 0.
 
-Epilogue: O = acc / rowsum -> dtype -> smem (reusing the Q buffer) -> 128-bit coalesced
-stores predicated on rows < S_q; LSE (natural log) by the quad leader of each row.
+Epilogue: O = acc / rowsum -> fp16/bf16 -> smem (the Q buffer) -> 128-bit coalesced
+stores of the rows < S_q; LSE = (max * scale * log2(e) + log2(rowsum)) * ln(2), fp32, by
+one thread of each quad, when write_lse != 0.
 
-Addressing: dense general uses Int64 strides from the parameters; dense packed computes the
-contiguous [B, S, H, D] strides itself (64-bit batch offset, 32-bit offsets within a batch);
-ragged starts sequence b at token cu_seqlens[b]. All offsets are declared multiples of 8
-elements (16 bytes) with cute.assume so cp.async stays 128-bit.
+Addressing: "general" strides are the Int64 parameters; "packed" computes contiguous
+[B, S, H, D] strides from H and D (64-bit batch offset, 32-bit offsets inside a batch: a
+batch's Q, K, V and O must each hold fewer than 2**31 elements) and contiguous
+[B, H_q, S_q] LSE; ragged starts sequence b at token cu_seqlens[b] (LSE [H_q, total_q] with
+its h/s strides). Offsets are declared multiples of 8 elements with cute.assume (the
+runtime guarantees 16-byte aligned bases and strides multiple of 8), which keeps every
+cp.async and every O store 128-bit.
+
+Register pressure: per-thread address arithmetic is redone inside each kv iteration from an
+opaque copy of the thread index and of the smem base (otherwise LLVM hoists dozens of
+loop-invariant addresses into registers for the whole loop), and ptxas runs at -O3, or at
+-O2 or -O1 where -O3 needs local memory (chosen by reading the cubin's frame size).
 """
 import math
 import os
+import struct
 from types import SimpleNamespace
 
 import cutlass
@@ -46,31 +61,31 @@ from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill import PARAMS, TILES as _FAMILY_TILES
-
-TILES = dict(_FAMILY_TILES)
-for _t in filter(None, os.environ.get("AOTC_DEV_TILES", "").split(";")):
-    _d, _v = _t.split(":")
-    TILES[int(_d)] = tuple(int(x) for x in _v.split(","))
+from ..families.sdpa_prefill import PARAMS, TILES
 
 _DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
 LOG2_E = 1.4426950408889634074
 LN_2 = 0.6931471805599453094
 _NEG_INF = -math.inf
-_VEC = 8  # elements per 128-bit access (fp16/bf16)
-PF_QK = int(os.environ.get("PF_QK", "1"))
-PF_PV = int(os.environ.get("PF_PV", "1"))
-LAUNDER_TID = int(os.environ.get("LAUNDER_TID", "1"))
-LAUNDER_ZERO = int(os.environ.get("LAUNDER_ZERO", "1"))
+_VEC = 8  # 16-bit elements per 128-bit access
+_ATOM_COLS = 64  # columns of the smem swizzle atom (128 bytes)
+
+# ptxas optimization levels tried in order: the first whose cubin has no stack frame (no
+# register spills) wins, else the one with the smallest frame. -O3 is ptxas' default; at 255
+# registers its load hoisting sometimes spills a few values where -O2/-O1 does not.
+_PTXAS_LEVELS = ("-O3", "-O2", "-O1")
 
 
 def smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of one CTA: Q tile + one K tile + one V tile (2-byte elements)."""
+    """Dynamic shared memory of one CTA: a Q tile, a K tile and a V tile of 2-byte elements."""
     bm, bn, _ = TILES[head_dim]
     return (bm * head_dim + 2 * bn * head_dim) * 2
 
+
+# ---------------------------------------------------------------------------- layout helpers
 
 def _acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
     """View an m16n8 accumulator fragment ((2,2), MMA_M, MMA_N) as (rows, cols) of this thread."""
@@ -85,8 +100,9 @@ def _acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
 def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
     """(4, MMA_M, MMA_N) accumulator layout -> ((4, 2), MMA_M, MMA_N / 2) A-operand layout.
 
-    Two neighbouring n8 accumulator tiles of an m16n8k16 MMA hold exactly the 16 columns of
-    one k16 A fragment (cols 2t, 2t+1 of the first tile are a0/a1 ..., of the second a4/a5 ...).
+    Two neighbouring n8 accumulator tiles of an m16n8k16 MMA hold exactly the 16 columns of one
+    k16 A fragment (cols 2t, 2t+1 of the first tile are a0/a1 and a2/a3, of the second a4..a7).
+    verify_mappings() checks this against the MMA's own A partition.
     """
     d = cute.logical_divide(layout, (None, None, 2))
     return cute.make_layout(
@@ -95,9 +111,14 @@ def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
     )
 
 
+def _chunked_n(t: cute.Tensor) -> cute.Tensor:
+    """(V, M, N) accumulator -> (V, M, (8, N/8)): mode (None, h) is the h-th 64 columns."""
+    return cute.make_tensor(t.iterator, cute.logical_divide(t.layout, (None, None, _ATOM_COLS // 8)))
+
+
 @dsl_user_op
 def _opaque_i32(x, *, loc=None, ip=None) -> Int32:
-    """x, hidden from LLVM (a volatile mov): it cannot be hoisted out of a loop or folded."""
+    """x through a volatile mov: LLVM can neither fold it nor hoist it out of a loop."""
     return Int32(llvm.inline_asm(
         T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -112,12 +133,48 @@ def _quad_allreduce(val, op):
     return val
 
 
+def _make_tiled_mma(dtype, warps: int):
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
+        (warps, 1, 1),
+        permutation_mnk=(warps * 16, 16, 16),
+    )
+
+
+def _make_g2s(dtype, threads: int):
+    """128-bit cp.async, 8 threads along a 64-column row, threads/8 rows per pass."""
+    atom = cute.make_copy_atom(
+        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
+    cols = _ATOM_COLS // _VEC
+    return cute.make_tiled_copy_tv(
+        atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
+
+
+def _make_s2g(dtype, threads: int):
+    """128-bit smem -> rmem -> gmem copy of O, same thread arrangement as _make_g2s."""
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
+    cols = _ATOM_COLS // _VEC
+    return cute.make_tiled_copy_tv(
+        atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
+
+
+def _smem_layout(rows: int, cols: int):
+    """(rows, cols) in 64-column atoms, XOR-swizzled 16-byte chunks (Swizzle<3,3,3>): conflict-free
+    128-bit cp.async stores and ldmatrix loads."""
+    atom = cute.make_composed_layout(
+        cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, _ATOM_COLS), stride=(_ATOM_COLS, 1)))
+    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
+
+
+# ---------------------------------------------------------------------------- the kernel
+
 def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
     bm, bn, warps = TILES[head_dim]
     D = head_dim
     threads = 32 * warps
-    assert D % 64 == 0 and bm % (16 * warps) == 0 and bn % 16 == 0
+    if D % _ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
+        raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
     assert not (ragged and packed)
 
     @cute.struct
@@ -130,16 +187,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     if smem_size != smem_bytes(D):
         raise RuntimeError(f"shared storage is {smem_size} bytes, smem_bytes() says {smem_bytes(D)}")
 
-    # threads along D in a gmem copy: 8 threads x 8 elements = 64 columns = one swizzle atom row
-    copy_cols = 64 // _VEC
-    copy_rows = threads // copy_cols
-    assert bm % copy_rows == 0 and bn % copy_rows == 0
-
-    # ------------------------------------------------------------------ thread-level parts
-    # Every per-thread partition is derived from an opaque copy of the thread index, made
+    # Every per-thread partition below is derived from an opaque copy of the thread index, made
     # separately in the prologue, in each kv iteration and in the epilogue. Otherwise LLVM
-    # computes the thread's addresses once and keeps them all live across the kv loop (and
-    # ptxas spills them): recomputing them costs a few integer ops per iteration.
+    # computes the thread's addresses once and keeps them all live across the kv loop (where
+    # ptxas spills them); recomputing them costs a few integer ops per iteration.
 
     @cute.jit
     def load_kv_tile(ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
@@ -149,7 +200,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         tXsX = thr.partition_D(sX)
         if cutlass.const_expr(predicated):
             cKV = cute.make_identity_tensor((bn, D))
-            t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)
+            t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)  # compile-time row offsets
             lim = ctx.s_kv - n * bn - thr.partition_S(cKV)[0][0]
             for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
                 if t0XcX[0, r, 0][0] < lim:
@@ -161,8 +212,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 
     @cute.jit
     def prologue(ctx, n_max):
-        """cp.async the Q tile (rows >= S_q zero-filled) and the last kv block's K tile."""
-        tid = _opaque_i32(ctx.tidx)
+        """cp.async the Q tile (rows >= S_q zero-filled) and the K tile of block n_max - 1."""
+        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         thr = ctx.g2s.get_slice(tid)
         tQgQ = thr.partition_S(ctx.gQ)
         tQsQ = thr.partition_D(ctx.sQ)
@@ -180,11 +231,11 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 
     @cute.jit
     def kv_block(ctx, n, masked: cutlass.Constexpr):
-        """One kv block: S = Q K^T, (mask), online softmax, O += P V; overlaps the V[n] and K[n-1] loads."""
-        tid = _opaque_i32(ctx.tidx) if cutlass.const_expr(LAUNDER_TID) else ctx.tidx
+        """kv block n: S = Q K^T, [mask], online softmax, O += P V; overlaps the V[n], K[n-1] loads."""
+        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
-        # are not hoisted out of the loop either (the constants stay instruction immediates)
-        zero = cute.assume(_opaque_i32(Int32(0)) if cutlass.const_expr(LAUNDER_ZERO) else Int32(0), divby=1024)
+        # are not hoisted out of the loop either: the constants stay instruction immediates
+        zero = cute.assume(_opaque_i32(Int32(0)), divby=1024)
         sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
         sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
@@ -208,35 +259,34 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), Float32)
         acc_S.fill(0.0)
 
-        # K[n] landed (and Q); every warp is done with V[n+1]: refill V
+        # K[n] (and Q) landed; every warp is done with V[n+1]: refill the V buffer
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         load_kv_tile(ctx, tid, ctx.gV, sV, n, masked)
         cute.arch.cp_async_commit_group()
 
-        # S = Q K^T, the next k-slice's fragments loaded while the current one multiplies
+        # S = Q K^T; the next k-slice's fragments are loaded while the current one multiplies
         n_k = cute.size(tSsQ.shape[2])
-        for kk in cutlass.range_constexpr(PF_QK):
-            cute.copy(s2r_Q, tSsQ[None, None, kk], tSrQ_v[None, None, kk])
-            cute.copy(s2r_K, tSsK[None, None, kk], tSrK_v[None, None, kk])
+        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
+        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
         for kk in cutlass.range_constexpr(n_k):
-            if cutlass.const_expr(kk + PF_QK < n_k):
-                cute.copy(s2r_Q, tSsQ[None, None, kk + PF_QK], tSrQ_v[None, None, kk + PF_QK])
-                cute.copy(s2r_K, tSsK[None, None, kk + PF_QK], tSrK_v[None, None, kk + PF_QK])
+            if cutlass.const_expr(kk + 1 < n_k):
+                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
+                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
 
-        # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (always entirely in bounds)
+        # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (entirely in bounds)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n > 0:
             load_kv_tile(ctx, tid, ctx.gK, sK, n - 1, False)
         cute.arch.cp_async_commit_group()
 
-        # mask, online softmax (base 2, scale folded in), rescale O
+        # [mask], online softmax, rescale O
         S_mn = _acc_mn_view(acc_S)
         O_mn = _acc_mn_view(acc_O)
         cS = cute.make_identity_tensor((bm, bn))
-        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))  # compile-time coords
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
@@ -245,8 +295,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             tScS = thr_mma.partition_C(cS)
             row0 = tScS[0][0]
             col0 = tScS[0][1]
-            # key j (tile column c = j - n*bn) is visible to query i iff
-            #   j < S_kv  and, causal, j <= i + S_kv - S_q
+            # key j (tile column c = j - n*bn) is visible to query i (tile row) iff j < S_kv
+            # and, causal, j <= i + S_kv - S_q, i.e. c < limit(row)
             col_lim = ctx.s_kv - n * bn - col0
             causal_lim = ctx.m_block * bm + row0 + 1 + ctx.s_kv - ctx.s_q - n * bn - col0
         for r in cutlass.range_constexpr(cute.size(row_max)):
@@ -260,24 +310,24 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             m_prev = row_max[r]
             m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
             row_max[r] = m_cur
-            # a row with nothing visible yet keeps max -inf: use 0 there, so exp2(-inf - 0) = 0
+            # a row that has seen no visible key keeps max -inf: offset 0 then, so p = 2^-inf = 0
             m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
             p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
             alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-            # per-thread partial row sums; the quad reduction happens once, in the epilogue
+            # per-thread partial row sums; the quad reduction is done once, in the epilogue
             row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
             S_mn[r, None].store(p)
             O_mn[r, None].store(O_mn[r, None].load() * alpha)
 
-        # O += P V, P converted in registers to the A-operand layout
+        # O += P V; P converted in registers and viewed as the A operand
         rP = cute.make_rmem_tensor_like(acc_S, dtype)
         rP.store(acc_S.load().to(dtype))
         tOrP = cute.make_tensor(rP.iterator, _acc_to_a_operand(rP.layout))
-        # in 64-column chunks of D (one swizzle atom of V): the V fragments of one chunk are
-        # live at a time (plus the prefetched next ones), which keeps D=128/256 under 255 regs
-        n_chunks = D // 64
+        # in 64-column chunks of D (one smem atom of V): only one chunk's V fragments (and the
+        # next prefetched ones) are live at a time
+        n_chunks = D // _ATOM_COLS
         steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
-        acc_O_c = cute.make_tensor(acc_O.iterator, cute.logical_divide(acc_O.layout, (None, None, 8)))
+        acc_O_c = _chunked_n(acc_O)
 
         def v_copy(h, kk):
             if cutlass.const_expr(n_chunks == 1):
@@ -285,12 +335,11 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             else:
                 cute.copy(s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
 
-        for i in cutlass.range_constexpr(PF_PV):
-            v_copy(*steps[i])
+        v_copy(*steps[0])
         for i in cutlass.range_constexpr(len(steps)):
             h, kk = steps[i]
-            if cutlass.const_expr(i + PF_PV < len(steps)):
-                v_copy(*steps[i + PF_PV])
+            if cutlass.const_expr(i + 1 < len(steps)):
+                v_copy(*steps[i + 1])
             if cutlass.const_expr(n_chunks == 1):
                 cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrVt[None, None, kk], acc_O)
             else:
@@ -299,8 +348,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 
     @cute.jit
     def epilogue(ctx):
-        """O = acc / rowsum -> smem (the Q buffer) -> 128-bit predicated stores; LSE."""
-        tid = _opaque_i32(ctx.tidx)
+        """O = acc / rowsum -> smem (the Q buffer) -> 128-bit stores of rows < S_q; LSE."""
+        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         tiled_mma = ctx.tiled_mma
         thr_mma = tiled_mma.get_slice(tid)
         acc_O = ctx.acc_O
@@ -318,7 +367,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 lse_r[r] = (row_max[r] * ctx.scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
             O_mn[r, None].store(O_mn[r, None].load() * inv)
 
-        # all cp.async retired (the Q tile too when no kv block ran) and every warp done with sQ
+        # every cp.async retired (the Q tile too when no kv block ran), every warp done with sQ
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         rO = cute.make_rmem_tensor_like(acc_O, dtype)
@@ -383,6 +432,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             kv_start = cu_seqlens_kv[bidx]
             s_kv = cu_seqlens_kv[bidx + 1] - kv_start
 
+        # the grid covers max_seqlen_q: tiles past this sequence's end do nothing
         if m_block * bm < s_q:
             kv_head = head // (heads_q // heads_kv)
 
@@ -401,7 +451,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 o_ss = q_row
                 k_ss = kv_row
                 v_ss = kv_row
-                lse_off = (Int64(bidx) * Int64(heads_q) + Int64(head)) * Int64(s_q)
+                lse_off = (Int64(bidx) * Int64(heads_q) + Int64(head)) * Int64(s_q)  # [B, H, S]
                 lse_ss = Int64(1)
             else:
                 q_ss = cute.assume(q_stride_s, divby=_VEC)
@@ -431,42 +481,22 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             mK = cute.make_tensor(k_ptr, cute.make_layout((s_kv, D), stride=(k_ss, 1)))
             mV = cute.make_tensor(v_ptr, cute.make_layout((s_kv, D), stride=(v_ss, 1)))
 
-            # -------------------------------------------------------- shared memory
-            # 64-column (128-byte) rows, 3-bit XOR swizzle of the 16-byte chunks: conflict-free
-            # 128-bit cp.async writes and ldmatrix reads
-            s_atom = cute.make_composed_layout(
-                cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)),
-            )
-            smem = cutlass.utils.SmemAllocator()
-            storage = smem.allocate(SharedStorage)
-
-            # -------------------------------------------------------- copies and MMA
-            g2s_atom = cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128,
-            )
-            thr_layout = cute.make_layout((copy_rows, copy_cols), stride=(copy_cols, 1))
-            val_layout = cute.make_layout((1, _VEC))
-            s2g_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-            tiled_mma = cute.make_tiled_mma(
-                warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
-                (warps, 1, 1),
-                permutation_mnk=(warps * 16, 16, 16),
-            )
+            storage = SmemAllocator().allocate(SharedStorage)
+            tiled_mma = _make_tiled_mma(dtype, warps)
             ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
             ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
             r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=32)
-
             ctx = SimpleNamespace(
                 tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
                 gQ=cute.local_tile(mQ, (bm, D), (m_block, 0)),
                 gO=cute.local_tile(mO, (bm, D), (m_block, 0)),
                 gK=cute.local_tile(mK, (bn, D), (None, 0)),  # (bn, D, n_blocks)
                 gV=cute.local_tile(mV, (bn, D), (None, 0)),
-                sQ=storage.sQ.get_tensor(cute.tile_to_shape(s_atom, (bm, D), (0, 1))),
-                sK=storage.sK.get_tensor(cute.tile_to_shape(s_atom, (bn, D), (0, 1))),
-                sV=storage.sV.get_tensor(cute.tile_to_shape(s_atom, (bn, D), (0, 1))),
-                g2s=cute.make_tiled_copy_tv(g2s_atom, thr_layout, val_layout),
-                s2g=cute.make_tiled_copy_tv(s2g_atom, thr_layout, val_layout),
+                sQ=storage.sQ.get_tensor(_smem_layout(bm, D)),
+                sK=storage.sK.get_tensor(_smem_layout(bn, D)),
+                sV=storage.sV.get_tensor(_smem_layout(bn, D)),
+                g2s=_make_g2s(dtype, threads),
+                s2g=_make_s2g(dtype, threads),
                 tiled_mma=tiled_mma,
                 s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
                 s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
@@ -475,10 +505,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 scale_log2=softmax_scale * Float32(LOG2_E),
                 lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
             )
-            # fp32 accumulator of O and the running row max / (per-thread partial) row sum
+            # fp32 O accumulator, running row max and per-thread partial row sum
             ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, D)), Float32)
             ctx.acc_O.fill(0.0)
-            n_rows = cute.size(ctx.acc_O, mode=[0, 1]) * cute.size(ctx.acc_O, mode=[1])
+            n_rows = cute.size(_acc_mn_view(ctx.acc_O), mode=[0])
             ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
             ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
             ctx.row_max.fill(_NEG_INF)
@@ -501,13 +531,12 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 if lim_lo > 0:
                     first_masked = lim_lo // bn
                 n_mask_min = cutlass.min(first_masked, n_max - 1)
-            # no kv block at all (S_kv = 0, or causal with a tile that sees no key): both loops
-            # run 0 times and the epilogue writes O = 0, LSE = -inf
+            # no kv block at all (S_kv = 0, or a causal tile that sees no key): both loops run 0
+            # times and the epilogue writes O = 0, LSE = -inf
             n_mask_min = cutlass.max(n_mask_min, 0)
 
             prologue(ctx, n_max)
-            # blocks n_max-1 .. n_mask_min with masks (the first one also has predicated loads),
-            # then n_mask_min-1 .. 0 without
+            # blocks n_max-1 .. n_mask_min with masks and predicated loads, n_mask_min-1 .. 0 without
             for t in cutlass.range(n_max - n_mask_min, unroll=1):
                 kv_block(ctx, n_max - 1 - t, True)
             for t in cutlass.range(n_mask_min, unroll=1):
@@ -527,7 +556,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
     ):
-        # The real launch is done by the aotc runtime; this one only makes the module well formed.
+        # The real launch is done by the aotc runtime (grid from max_seqlen_q); this one only
+        # makes the module well formed, with the same block and dynamic smem.
         sdpa_prefill_kernel(
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, softmax_scale,
@@ -545,10 +575,128 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     return sdpa_prefill_host
 
 
+# ---------------------------------------------------------------------------- static checks
+
+# threads whose mappings verify_mappings() checks: every thread-index bit alone, and all of them
+# (the partitions are affine in the thread index bits)
+_CHECK_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
+
+
+def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
+    """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
+
+    1. P, the fp32 S accumulator viewed by _acc_to_a_operand, holds at each A-operand slot the
+       (row, col) that the MMA's A partition of S expects there.
+    2. Accumulator coordinates are thread 0's (compile time) plus the thread's first element's
+       (the masks and the LSE rows rely on it), for S (bm, bn) in the mn view.
+    3. gmem<->smem copies: each copy row-iteration r of a thread covers one row, thread 0's
+       row r plus the thread's first row (row predicates).
+    4. O += P V in 64-column chunks: for chunk h, the accumulator tiles and the V fragment tiles
+       have the same columns, the ldmatrix view of chunk h writes exactly the registers the
+       chunk's MMAs read, and A and B agree on the k-slice.
+    """
+    bm, bn, warps = TILES[head_dim]
+    D = head_dim
+    threads = 32 * warps
+    errors = []
+    tiled_mma = _make_tiled_mma(dtype, warps)
+    g2s = _make_g2s(dtype, threads)
+    ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+    s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
+    cS = cute.make_identity_tensor((bm, bn))
+    cO = cute.make_identity_tensor((bm, D))
+    cVt = cute.make_identity_tensor((D, bn))
+    sV = cute.make_tensor(cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024), _smem_layout(bn, D))
+    sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))
+    t0S = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+    n_chunks = D // _ATOM_COLS
+    for t in _CHECK_THREADS:
+        if t >= threads:
+            continue
+        thr = tiled_mma.get_slice(t)
+        # 1
+        tScS = thr.partition_C(cS)
+        p_view = cute.make_tensor(tScS.iterator, _acc_to_a_operand(tScS.layout))
+        a_part = thr.partition_A(cS)
+        if cute.size(p_view) != cute.size(a_part):
+            errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
+        else:
+            for i in range(cute.size(a_part)):
+                if tuple(p_view[i]) != tuple(a_part[i]):
+                    errors.append(f"thread {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
+                    break
+        # 2
+        tS = _acc_mn_view(tScS)
+        r0, c0 = tScS[0]
+        for r in range(cute.size(tS, mode=[0])):
+            for c in range(cute.size(tS, mode=[1])):
+                want = (t0S[r, 0][0] + r0, t0S[0, c][1] + c0)
+                if tuple(tS[r, c]) != want:
+                    errors.append(f"thread {t}: S element ({r},{c}) is at {tS[r, c]}, not {want}")
+        # 3
+        for shape in ((bm, D), (bn, D)):
+            cX = cute.make_identity_tensor(shape)
+            tX = g2s.get_slice(t).partition_S(cX)
+            t0X = g2s.get_slice(0).partition_S(cX)
+            row0 = tX[0][0]
+            for r in range(cute.size(tX, mode=[1])):
+                sub = tX[None, r, None]
+                for i in range(cute.size(sub)):
+                    if sub[i][0] != t0X[0, r, 0][0] + row0:
+                        errors.append(f"thread {t}: copy row-iteration {r} of {shape} spans row {sub[i][0]}")
+                        break
+        # 4
+        tOcO = _chunked_n(thr.partition_C(cO))
+        tOcVt = thr.partition_B(cVt)  # (n, k) coordinates of the V^T fragment
+        a_p = thr.partition_A(cS)     # (m, k) coordinates of P as the A operand
+        frag = thr.make_fragment_B(thr.partition_B(sVt))
+        F = frag.layout
+        R = s2r_V.get_slice(t).retile(frag).layout
+        n_kk = cute.size(F, mode=[2])
+        if n_chunks > 1 and (cute.size(F, mode=[1]) != 8 * n_chunks or cute.size(R, mode=[1]) != 4 * n_chunks):
+            errors.append(f"V fragment N modes {F.shape[1]} / {R.shape[1]} are not 64-column chunks")
+            continue
+        for h in range(n_chunks):
+            for j in range(8):
+                # the n8 tile (column // 8) of accumulator tile j of chunk h and of V tile j + 8h
+                acc_cols = {tOcO[v, m, (j, h)][1] // 8 for v in range(4) for m in range(cute.size(tOcO, mode=[1]))}
+                b_cols = {tOcVt[v, j + 8 * h, kk][0] // 8 for v in range(cute.size(tOcVt, mode=[0])) for kk in range(n_kk)}
+                if len(acc_cols) != 1 or acc_cols != b_cols:
+                    errors.append(f"thread {t}: chunk {h} tile {j}: acc cols {sorted(acc_cols)} != V cols {sorted(b_cols)}")
+            for kk in range(n_kk):
+                mma_regs = {F((v, j, kk)) for v in range(cute.size(F, mode=[0])) for j in range(8 * h, 8 * h + 8)} \
+                    if n_chunks > 1 else {F((v, j, kk)) for v in range(cute.size(F, mode=[0])) for j in range(cute.size(F, mode=[1]))}
+                cp_regs = {R((v, j, kk)) for v in range(cute.size(R, mode=[0])) for j in range(4 * h, 4 * h + 4)} \
+                    if n_chunks > 1 else {R((v, j, kk)) for v in range(cute.size(R, mode=[0])) for j in range(cute.size(R, mode=[1]))}
+                if mma_regs != cp_regs:
+                    errors.append(f"thread {t}: chunk {h} k-slice {kk}: ldmatrix writes {sorted(cp_regs)}, mma reads {sorted(mma_regs)}")
+                a_k = {a_p[v, m, kk][1] // 16 for v in range(cute.size(a_p, mode=[0])) for m in range(cute.size(a_p, mode=[1]))}
+                b_k = {tOcVt[v, j, kk][1] // 16 for v in range(cute.size(tOcVt, mode=[0])) for j in range(cute.size(tOcVt, mode=[1]))}
+                if a_k != {kk} or b_k != {kk}:
+                    errors.append(f"thread {t}: k-slice {kk}: A in {a_k}, B in {b_k}")
+    return errors
+
+
+def verify_mappings(head_dim: int, dtype_name: str = "bf16") -> list[str]:
+    """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
+    dtype = _DTYPES[dtype_name]
+    out: list[str] = []
+
+    @cute.jit
+    def _trace():
+        out.extend(_check_mappings_traced(dtype, head_dim))
+
+    _trace()
+    return out
+
+
+# ---------------------------------------------------------------------------- compile
+
 def _placeholders(dtype) -> list:
     from cutlass.cute.runtime import make_ptr
 
     gmem = cute.AddressSpace.gmem
+    # assumed_align becomes .align on the kernel's pointer parameters
     args = [make_ptr(dtype, 16, gmem, assumed_align=16) for _ in range(4)]  # q, k, v, o
     args.append(make_ptr(Float32, 16, gmem, assumed_align=4))               # lse
     args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # cu_seqlens_q
@@ -565,6 +713,31 @@ def _check_params() -> None:
         raise RuntimeError(f"sdpa_prefill PARAMS changed ({kinds}); update aotc/kernels/sdpa_prefill.py")
 
 
+def frame_bytes(cubin: bytes) -> int:
+    """The largest per-thread stack frame (EIATTR_FRAME_SIZE) in the cubin: > 0 means local
+    memory, i.e. register spills (the kernel has no local arrays of its own)."""
+    e_shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+    names_off = secs[e_shstrndx][4]
+    frame = 0
+    for name_off, _typ, _flags, _addr, off, size, *_ in secs:
+        name = cubin[names_off + name_off:cubin.index(b"\0", names_off + name_off)]
+        if not name.startswith(b".nv.info"):
+            continue
+        blob, pos = cubin[off:off + size], 0
+        while pos + 4 <= len(blob):
+            fmt, attr = blob[pos], blob[pos + 1]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
+                (n,) = struct.unpack_from("<H", blob, pos + 2)
+                payload, pos = blob[pos + 4:pos + 4 + n], pos + 4 + n
+            else:
+                payload, pos = blob[pos + 2:pos + 4], pos + 4
+            if attr == 0x11 and len(payload) >= 8:  # EIATTR_FRAME_SIZE: (symbol, bytes)
+                frame = max(frame, struct.unpack_from("<I", payload, 4)[0])
+    return frame
+
+
 def _compile(variant, dump_dir: str, keep_ptx: bool):
     _check_params()
     if variant.family != "sdpa_prefill":
@@ -576,32 +749,44 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     packed = variant["strides"] == "packed"
     if ragged and packed:
         raise ValueError(f"{variant.name}: the packed specialization is for dense layouts")
-    host = _build(dtype, head_dim, ragged, causal, packed)
-    # each compile writes files named after the host function: give each its own dump_dir
-    os.makedirs(dump_dir, exist_ok=True)
-    opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={dump_dir}" + os.environ.get("AOTC_DEV_OPTS", "")
-    if keep_ptx:
-        opts += " --keep-ptx"
-    compiled = cute.compile(host, *_placeholders(dtype), options=opts)
-    symbols = list(compiled.kernel_info)
-    if len(symbols) != 1:
-        raise RuntimeError(f"expected one kernel in the module, got {symbols}")
-    return compiled, bytes(compiled.__cubin__), str(symbols[0])
+    best = None
+    for i, level in enumerate(_PTXAS_LEVELS):
+        # cute.compile writes files named after the host function: one dump_dir per compile
+        sub = os.path.join(dump_dir, f"ptxas{level}")
+        os.makedirs(sub, exist_ok=True)
+        opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={sub} --ptxas-options={level}"
+        if keep_ptx:
+            opts += " --keep-ptx"
+        host = _build(dtype, head_dim, ragged, causal, packed)
+        compiled = cute.compile(host, *_placeholders(dtype), options=opts)
+        symbols = list(compiled.kernel_info)
+        if len(symbols) != 1:
+            raise RuntimeError(f"expected one kernel in the module, got {symbols}")
+        cubin = bytes(compiled.__cubin__)
+        frame = frame_bytes(cubin)
+        if best is None or frame < best[3]:
+            best = (compiled, cubin, str(symbols[0]), frame, level)
+        if frame == 0:
+            break
+    return best
 
 
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
     """Compile one sdpa_prefill variant for variant.arch.
 
-    Returns (cubin bytes, kernel symbol, {"dynamic_smem": bytes}); the entry's parameters are
-    exactly aotc.families.sdpa_prefill.PARAMS, in order, and the launch must pass dynamic_smem
-    bytes of dynamic shared memory (more than 48 KiB for head_dim 128 and 256: the runtime
-    must raise the kernel's max-dynamic-smem attribute).
+    Returns (cubin bytes, kernel symbol, {"dynamic_smem": bytes}). The entry's parameters are
+    exactly aotc.families.sdpa_prefill.PARAMS, in order; the launch is block (32*warps, 1, 1),
+    grid (ceil(max_seqlen_q / block_m), heads_q, batch) and must pass dynamic_smem bytes of
+    dynamic shared memory (over 48 KiB for head_dim 256: the runtime must raise the kernel's
+    max-dynamic-smem attribute).
     """
-    _, cubin, symbol = _compile(variant, dump_dir, keep_ptx=False)
+    _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
     return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]))}
 
 
 def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, dict, str]:
-    """Like compile(), also returning the PTX text (for tests and inspection)."""
-    compiled, cubin, symbol = _compile(variant, dump_dir, keep_ptx=True)
-    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]))}, str(compiled.__ptx__)
+    """Like compile(), also returning the PTX text (tests and inspection); the dict also
+    carries the ptxas level used and the stack frame bytes (0: no spills)."""
+    compiled, cubin, symbol, frame, level = _compile(variant, dump_dir, keep_ptx=True)
+    facts = {"dynamic_smem": smem_bytes(int(variant["head_dim"])), "ptxas": level, "frame_bytes": frame}
+    return cubin, symbol, facts, str(compiled.__ptx__)

@@ -89,6 +89,9 @@ class CombinePlan:
         V.aligned(o, "out", o.itemsize)
         if ls is not None:
             V.aligned(ls, "lse", 4)
+        V.distinct_elements(o, "out")
+        if ls is not None:
+            V.distinct_elements(ls, "lse")
         V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
 
     def run(self, o_partial: int, lse_partial: int, out: int, lse: int = 0, stream: int = 0) -> None:

@@ -95,10 +95,19 @@ class PrefillPlan:
         self.launcher.launch(stream)
 
     def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
-        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})},
-                     {"q": t["q"], "k": t["k"], "v": t["v"]})
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
         self.run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
                  0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+
+
+def _inputs(t: dict, cuq, cuk) -> dict:
+    """Everything the kernel reads: an output overlapping any of it (cu_seqlens too) is refused."""
+    inputs = {"q": t["q"], "k": t["k"], "v": t["v"]}
+    if cuq is not None:
+        inputs["cu_seqlens_q"] = cuq
+    if cuk is not None:
+        inputs["cu_seqlens_kv"] = cuk
+    return inputs
 
 
 def layout_key(t: dict, ls, cuq, cuk, causal, scale, max_q, max_kv) -> tuple:
@@ -186,7 +195,10 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
     if heads_q > MAX_GRID_YZ or batch > MAX_GRID_YZ:
         raise ArgumentError("H_q" if heads_q > MAX_GRID_YZ else "B", max(heads_q, batch),
                             f"at most {MAX_GRID_YZ} (grid y/z limit)")
-    V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"q": q, "k": k, "v": v})
+    V.distinct_elements(o, "out")
+    if ls is not None:
+        V.distinct_elements(ls, "lse")
+    V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
     return batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim
 
 

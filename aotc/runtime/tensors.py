@@ -144,6 +144,8 @@ def _int(v: Any, name: str, expected: str = "an int") -> int:
         return operator.index(v)
     except TypeError:
         raise ArgumentTypeError(name, _show(v), expected) from None
+    except Exception as e:  # a broken __index__
+        raise ArgumentTypeError(name, _show(v), f"{expected} (its __index__ raised {e!r})") from e
 
 
 def _int_tuple(v: Any, name: str) -> tuple[int, ...]:
@@ -155,7 +157,10 @@ def _int_tuple(v: Any, name: str) -> tuple[int, ...]:
             return tuple(v)
     if isinstance(v, (str, bytes, bytearray, dict)) or not hasattr(v, "__iter__"):
         raise ArgumentTypeError(name, _show(v), "a sequence of ints")
-    items = tuple(v)
+    try:
+        items = tuple(v)
+    except Exception as e:  # a broken iterable
+        raise ArgumentTypeError(name, _show(v), f"a sequence of ints (iterating it raised {e!r})") from e
     return tuple(_int(x, f"{name}[{i}]") for i, x in enumerate(items))
 
 
@@ -311,6 +316,8 @@ def _parse(cap: Any, base: int, versioned: bool, obj: Any, name: str) -> TensorA
             raise ArgumentError(name, _Opaque(obj), f"a DLTensor with 0..{_MAX_NDIM} dims and a shape (ndim={ndim})")
         unpack, at = _I64_READERS[ndim]
         shape = unpack(at(shape_p))
+        if min(shape) < 0:
+            raise ArgumentError(name, shape if ndim <= 16 else _Opaque(obj), "a DLTensor with a non-negative shape")
         strides = unpack(at(strides_p)) if strides_p else _contiguous_strides(shape)
     else:
         shape = strides = ()
@@ -329,6 +336,8 @@ def _dlpack_slow(obj: Any, fn: Any, name: str) -> TensorArg:
         dev_fn = obj.__dlpack_device__
     except AttributeError:
         cuda = False
+    except Exception as e:  # a property that raises
+        raise ArgumentError(name, _Opaque(obj), f"a DLPack producer (reading __dlpack_device__ raised {e!r})") from e
     else:
         try:
             cuda = int(dev_fn()[0]) in _CUDA_LIKE
@@ -468,7 +477,10 @@ def as_tensor(obj: Any, name: str) -> TensorArg:
         got = _from_torch(obj)
         if got is not None:
             return got
-    fn = getattr(obj, "__dlpack__", None)
+    try:
+        fn = getattr(obj, "__dlpack__", None)
+    except Exception as e:  # a property that raises something other than AttributeError
+        raise ArgumentError(name, _Opaque(obj), f"a tensor whose __dlpack__ can be read (it raised {e!r})") from e
     if fn is not None:
         # Fast path: the calling convention and capsule name this producer type used last time.
         try:
@@ -497,6 +509,9 @@ def _handle(v: Any, where: str) -> int:
             v = operator.index(v)  # int subclasses, numpy ints, cuda.bindings CUstream
         except TypeError:
             raise ArgumentTypeError("stream", _show(v), f"a CUstream handle ({where} gave no int)") from None
+        except Exception as e:  # a broken __index__
+            raise ArgumentTypeError("stream", _show(v),
+                                    f"a CUstream handle ({where}: __index__ raised {e!r})") from e
     if not 0 <= v < _U64:
         raise ArgumentError("stream", v, "a CUstream handle in [0, 2**64)")
     return v
@@ -518,7 +533,11 @@ def as_stream(obj: Any) -> int:
         raise ArgumentError("stream", obj, "a CUstream handle in [0, 2**64)")
     if _is_bool(obj):
         raise ArgumentTypeError("stream", obj, "a stream (None, an int handle or a stream object), not a bool")
-    proto = getattr(obj, "__cuda_stream__", None)
+    try:
+        proto = getattr(obj, "__cuda_stream__", None)
+    except Exception as e:  # a property that raises something other than AttributeError
+        raise ArgumentError("stream", _Opaque(obj),
+                            f"a stream whose __cuda_stream__ can be read (it raised {e!r})") from e
     if proto is not None:
         try:
             info = proto() if callable(proto) else proto  # a property in early cuda.core
@@ -530,13 +549,20 @@ def as_stream(obj: Any) -> int:
             raise ArgumentError("stream", _show(info), "__cuda_stream__ protocol version 0")
         return _handle(info[1], "__cuda_stream__()")
     for attr in ("cuda_stream", "ptr"):
-        v = getattr(obj, attr, None)
+        try:
+            v = getattr(obj, attr, None)
+        except Exception as e:
+            raise ArgumentError("stream", _Opaque(obj), f"a stream whose .{attr} can be read (it raised {e!r})") from e
         if v is not None:
             return _handle(v, f".{attr}")
     if hasattr(type(obj), "__index__"):
         return _handle(obj, "__index__")
     if hasattr(type(obj), "__int__") and hasattr(type(obj), "getPtr"):
-        return _handle(int(obj), "__int__")
+        try:
+            handle = int(obj)
+        except Exception as e:
+            raise ArgumentTypeError("stream", _Opaque(obj), f"a CUstream handle (int() raised {e!r})") from e
+        return _handle(handle, "__int__")
     raise ArgumentTypeError(
         "stream",
         _show(obj),

@@ -16,6 +16,8 @@ def dtype(t: TensorArg, name: str, allowed: tuple[str, ...]) -> None:
 def ndim(t: TensorArg, name: str, n: int, dims: str) -> None:
     if len(t.shape) != n:
         raise ArgumentError(f"{name}.shape", t.shape, f"{n} dimensions [{dims}]")
+    if any(e < 0 for e in t.shape):  # a TensorArg built by hand is not validated
+        raise ArgumentError(f"{name}.shape", t.shape, "non-negative extents")
 
 
 def dim(t: TensorArg, name: str, axis: int, axis_name: str, expected: int, why: str) -> None:
@@ -52,6 +54,21 @@ def unit_stride(t: TensorArg, name: str, axis: int) -> None:
         raise ArgumentError(f"{name}.stride[{axis}]", t.strides[axis], "1 (the head dimension must be contiguous)")
 
 
+def distinct_elements(t: TensorArg, name: str) -> None:
+    """An output must give every element its own address: no zero stride, no two dims with one |stride|
+    (a broadcast or otherwise self-overlapping view would have CTAs racing on the same bytes)."""
+    if any(n == 0 for n in t.shape):
+        return
+    seen: set[int] = set()
+    for axis, (n, s) in enumerate(zip(t.shape, t.strides)):
+        if n > 1:
+            if s == 0 or abs(s) in seen:
+                raise ArgumentError(f"{name}.stride[{axis}]", s,
+                                    "a distinct address per element (an output cannot be a broadcast or "
+                                    "self-overlapping view)")
+            seen.add(abs(s))
+
+
 def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(shape):
@@ -61,7 +78,11 @@ def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def is_packed(t: TensorArg) -> bool:
-    """Row-major contiguous, ignoring the strides of extent-1 dimensions (as torch's is_contiguous does)."""
+    """Row-major contiguous, ignoring the strides of extent-1 dimensions (as torch's is_contiguous does).
+
+    An empty tensor is packed: no element is addressed, whatever its strides say."""
+    if 0 in t.shape:
+        return True
     return all(n <= 1 or s == p for n, s, p in zip(t.shape, t.strides, packed_strides(t.shape)))
 
 
@@ -77,6 +98,6 @@ def no_overlap(outputs: dict[str, TensorArg], others: dict[str, TensorArg]) -> N
             if name == oname:
                 continue
             tlo, thi = t.nbytes_span()
-            if tlo < hi and lo < thi:
+            if tlo < thi and tlo < hi and lo < thi:  # an empty tensor overlaps nothing
                 raise ArgumentError(oname, f"bytes [{lo:#x}, {hi:#x})",
                                     f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aotc.errors import ArgumentError
+from common import check_close
 
 pytestmark = pytest.mark.gpu
 
@@ -51,17 +52,6 @@ def reference(op, lp):
     wn = wn.permute(0, 1, 3, 2).unsqueeze(-1)  # [splits, B, S, H, 1]
     o = torch.where(wn > 0, op.double(), torch.zeros((), dtype=torch.float64, device=op.device)) * wn
     return o.sum(0), lse_out
-
-
-def check_close(got, ref, tol, what):
-    atol, rtol = tol
-    assert not torch.isnan(got).any(), f"{what}: {int(torch.isnan(got).sum())} elements not written (NaN)"
-    g = got.double()
-    both_inf = torch.isinf(g) & torch.isinf(ref) & (torch.sign(g) == torch.sign(ref))
-    err = torch.where(both_inf, torch.zeros_like(g), (g - ref).abs())
-    bound = atol + rtol * torch.where(torch.isinf(ref), torch.zeros_like(ref), ref.abs())
-    bad = err > bound
-    assert not bad.any(), f"{what}: {int(bad.sum())} elements off, max err {float(err.max()):.3g}"
 
 
 def make_out(B, S, H, D, dtype, layout):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from aotc.errors import ArgumentError
+from common import check_close
 
 pytestmark = pytest.mark.gpu
 
@@ -48,17 +49,6 @@ def ref_attention(q, k, v, causal, scale):
     return o.transpose(0, 1), lse
 
 
-def check_close(got, ref, tol, what):
-    atol, rtol = tol
-    assert not torch.isnan(got).any(), f"{what}: {int(torch.isnan(got).sum())} elements not written (NaN)"
-    g = got.float()
-    same_inf = torch.isinf(g) & torch.isinf(ref) & (torch.sign(g) == torch.sign(ref))
-    err = torch.where(same_inf, torch.zeros_like(g), (g - ref).abs())
-    bound = atol + rtol * torch.where(torch.isinf(ref), torch.zeros_like(ref), ref.abs())
-    bad = err > bound
-    assert not bad.any(), f"{what}: {int(bad.sum())}/{bad.numel()} off, max err {float(err.nan_to_num(1e9).max()):.3g}"
-
-
 def alloc(B, S, H, D, dtype, layout, fill=None):
     """A [B, S, H, D] view in the given memory layout."""
     t = DT[dtype]
@@ -88,6 +78,8 @@ DENSE_CASES = [  # (B, S_q, S_kv, H_q, H_kv, layout)
     (1, 1000, 4097, 8, 1, "bhsd"),
     (3, 1, 1000, 4, 4, "padded"),
     (1, 4097, 4097, 1, 1, "bshd"),
+    (3, 4097, 128, 8, 8, "bhsd"),  # S_q > S_kv: causal rows that see no key
+    (3, 1000, 1000, 8, 4, "padded"),
 ]
 
 

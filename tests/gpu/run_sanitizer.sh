@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the edge-shape launches: memcheck on all of them, racecheck and
+# synccheck on one variant per family. Logs to $OUT (or gpu-logs/). Exit 1 on any finding.
+set -u
+cd "$(dirname "$0")/../.."
+LOGS=${OUT:-gpu-logs}
+mkdir -p "$LOGS"
+export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+CS=${COMPUTE_SANITIZER:-compute-sanitizer}
+status=0
+for run in "memcheck all" "racecheck one" "synccheck one"; do
+  set -- $run
+  $CS --tool "$1" --error-exitcode 3 python3 tests/gpu/sanitizer_cases.py "$2" >"$LOGS/sanitizer-$1.log" 2>&1
+  rc=$?
+  echo "$1 ($2): exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer cases' "$LOGS/sanitizer-$1.log" | tr '\n' ' ')"
+  [ $rc -eq 0 ] || status=1
+done
+exit $status

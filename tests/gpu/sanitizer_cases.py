@@ -1,0 +1,77 @@
+"""Edge-shape launches of every family, for compute-sanitizer (memcheck over all, racecheck/synccheck on one each).
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_cases.py all
+    ... --tool racecheck python3 tests/gpu/sanitizer_cases.py one
+
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so an access past a
+tensor's end is past an allocation's end, which memcheck reports.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import aotc.runtime  # noqa: E402
+
+rt = aotc.runtime.load(os.environ.get("AOTC_TEST_BUNDLE", str(ROOT / "artifacts" / "default.aotc")))
+mode = sys.argv[1] if len(sys.argv) > 1 else "all"
+launches = 0
+
+
+def combine_cases():
+    global launches
+    dims = (64, 128, 256) if mode == "all" else (128,)
+    for D in dims:
+        for splits, B, S, H in ((1, 1, 1, 1), (3, 2, 1, 5), (7, 1, 3, 3)):
+            op = torch.randn(splits, B, S, H, D, device="cuda")
+            lp = torch.randn(splits, B, H, S, device="cuda")
+            lp[:, 0, 0, 0] = -math.inf  # an all-empty row
+            for layout in ("packed", "padded") if mode == "all" else ("packed",):
+                if layout == "packed":
+                    out = torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+                else:
+                    out = torch.empty(B, S, H + 1, D + 8, device="cuda", dtype=torch.bfloat16)[:, :, :H, :D]
+                lse = torch.empty(B, H, S, device="cuda")
+                rt.combine(op, lp, out, lse)
+                launches += 1
+
+
+def prefill_cases():
+    global launches
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("sdpa_prefill", [])})
+    if mode != "all":
+        variants = [v for v in variants if v[1] == 128][:1]
+    for dtype, D in variants:
+        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        for causal in (False, True) if mode == "all" else (True,):
+            for B, S_q, S_kv, H_q, H_kv in ((1, 1, 1, 1, 1), (2, 7, 1000, 4, 2), (1, 65, 65, 2, 2), (1, 3, 0, 2, 1),
+                                            (1, 130, 7, 2, 2)):
+                q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
+                k = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
+                v = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
+                out = torch.empty_like(q)
+                lse = torch.empty(B, H_q, S_q, device="cuda")
+                rt.prefill(q, k, v, out, lse, causal=causal)
+                launches += 1
+            if mode == "all":
+                lq, lkv = [5, 0, 70], [9, 3, 1]
+                cu_q = torch.tensor([0, 5, 5, 75], dtype=torch.int32, device="cuda")
+                cu_kv = torch.tensor([0, 9, 12, 13], dtype=torch.int32, device="cuda")
+                q = torch.randn(sum(lq), 4, D, device="cuda", dtype=t)
+                k = torch.randn(sum(lkv), 2, D, device="cuda", dtype=t)
+                out = torch.empty_like(q)
+                lse = torch.empty(4, sum(lq), device="cuda")
+                rt.prefill_ragged(q, k, k, out, cu_q, cu_kv, max(lq), max(lkv), lse, causal=causal)
+                launches += 1
+
+
+combine_cases()
+prefill_cases()
+torch.cuda.synchronize()
+print(f"sanitizer cases: {launches} launches ({mode})")
