@@ -115,6 +115,43 @@ class Runtime:
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
                 max_seqlen_kv=max_seqlen_kv)
 
+    def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, num_splits: int) -> int:
+        """Workspace a decode with num_splits splits needs (0 for one split)."""
+        from .decode import workspace_bytes
+
+        return workspace_bytes(batch, seqlen_q, heads_q, head_dim, num_splits)
+
+    def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv: int,
+                       kv_layout: str = "NHD", num_splits: int | None = None, workspace=None,
+                       softmax_scale: float | None = None):
+        """Validate once for a layout and an extent envelope; returns a DecodePlan (see aotc.runtime.decode)."""
+        from .decode import DecodePlan
+
+        return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
+                          kv_layout=kv_layout, num_splits=num_splits, workspace=workspace, softmax_scale=softmax_scale)
+
+    def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv: int,
+               kv_layout: str = "NHD", num_splits: int | None = None, workspace=None, softmax_scale=None,
+               stream=None) -> None:
+        """One decode step; the plan for these caches and layouts is prepared once and cached."""
+        from .decode import DecodePlan
+
+        recs = [None if x is None else as_tensor(x, n) for x, n in
+                ((k_cache, "k_cache"), (v_cache, "v_cache"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"),
+                 (workspace, "workspace"))]
+        qr, outr = as_tensor(q, "q"), as_tensor(out, "out")
+        lsr = None if lse is None else as_tensor(lse, "lse")
+        key = ("sdpa_decode", self.device(), tuple(None if r is None else (r.ptr, r.shape, r.strides, r.dtype, r.device)
+                                                   for r in recs),
+               (qr.shape, qr.strides, qr.dtype, outr.shape, outr.strides, None if lsr is None else (lsr.shape, lsr.strides)),
+               max_seqlen_kv, kv_layout, num_splits, softmax_scale)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = DecodePlan(self, qr, recs[0], recs[1], outr, recs[2], recs[3], lsr, max_seqlen_kv=max_seqlen_kv,
+                              kv_layout=kv_layout, num_splits=num_splits, workspace=recs[4], softmax_scale=softmax_scale)
+            self.remember_plan(key, plan)
+        plan(qr, outr, lsr, stream=stream)
+
     MAX_PLANS = 1024
 
     def remember_plan(self, key, plan) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+from .. import cubin
 from ..artifact import Artifact
 from ..errors import DriverError, RuntimeLoadError
 from . import driver
@@ -61,11 +62,16 @@ class LoadedKernel:
         try:
             kernel = check(cu.cuLibraryGetKernel(library, art.abi.symbol.encode()),
                            f"cuLibraryGetKernel({art.abi.symbol})")
+            # the parameter count comes from the cubin's own table (asking the driver for one index
+            # past the end would be an API error, which compute-sanitizer reports); each parameter's
+            # offset and size come from the driver
+            try:
+                count = len(cubin.parse(art.cubin).kernels[art.abi.symbol].params)
+            except (cubin.CubinError, KeyError) as e:
+                raise RuntimeLoadError(f"refusing {art.variant.name}: cannot read its parameter table: {e}") from None
             layout = []
-            while True:
-                err, offset, size = cu.cuKernelGetParamInfo(kernel, len(layout))
-                if int(err) != 0:
-                    break
+            for index in range(count):
+                offset, size = check(cu.cuKernelGetParamInfo(kernel, index), f"cuKernelGetParamInfo({index})")
                 layout.append((int(offset), int(size)))
             mismatch = art.abi.check_layout(layout)
             if mismatch:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the edge-shape launches: memcheck on all of them, racecheck and
 # synccheck on one variant per family. Logs to $OUT (or gpu-logs/). Exit 1 on any finding.
+# API errors are not reported (--report-api-errors no): torch and cuda-bindings probe driver
+# symbols with cuGetProcAddress, which fails by design; aotc itself raises on every failed call.
 set -u
 cd "$(dirname "$0")/../.."
 LOGS=${OUT:-gpu-logs}
@@ -10,7 +12,7 @@ CS=${COMPUTE_SANITIZER:-compute-sanitizer}
 status=0
 for run in "memcheck all" "racecheck one" "synccheck one"; do
   set -- $run
-  $CS --tool "$1" --error-exitcode 3 python3 tests/gpu/sanitizer_cases.py "$2" >"$LOGS/sanitizer-$1.log" 2>&1
+  $CS --tool "$1" --error-exitcode 3 --report-api-errors no python3 tests/gpu/sanitizer_cases.py "$2" >"$LOGS/sanitizer-$1.log" 2>&1
   rc=$?
   echo "$1 ($2): exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer cases' "$LOGS/sanitizer-$1.log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1

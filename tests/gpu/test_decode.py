@@ -1,0 +1,224 @@
+"""sdpa_decode (+ sdpa_combine for split-KV) on the GPU against an fp32 torch reference.
+
+The reference gathers each sequence's keys and values through the page table into dense
+[S_kv, H_kv, D] tensors and runs softmax(QK^T*scale + causal mask) V in fp32, the causal mask
+aligned bottom-right (new token i sees keys j <= S_kv - S_q + i). Tolerances as for prefill:
+fp16 4e-3/4e-3, bf16 2e-2/2e-2, LSE 2e-3/2e-3. Outputs are NaN-poisoned before each step.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aotc.errors import ArgumentError
+from common import check_close
+
+pytestmark = pytest.mark.gpu
+
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {"fp16": (4e-3, 4e-3), "bf16": (2e-2, 2e-2)}
+LSE_TOL = (2e-3, 2e-3)
+
+
+def decode_variants(rt, kv=None):
+    vs = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])})
+    return [v for v in vs if kv is None or v[2] == kv]
+
+
+def reference(q, k, v, scale):
+    """q [S_q, H_q, D], k/v [S_kv, H_kv, D] -> O [S_q, H_q, D], LSE [H_q, S_q] (fp32, causal bottom-right)."""
+    S_q, H_q, D = q.shape
+    S_kv, H_kv, _ = k.shape
+    rep = H_q // H_kv
+    qf = q.float().transpose(0, 1)
+    kf = k.float().repeat_interleave(rep, 1).transpose(0, 1)
+    vf = v.float().repeat_interleave(rep, 1).transpose(0, 1)
+    s = torch.matmul(qf, kf.transpose(1, 2)) * scale
+    i = torch.arange(S_q, device=q.device)[:, None]
+    j = torch.arange(S_kv, device=q.device)[None, :]
+    s = s.masked_fill(j > i + (S_kv - S_q), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    return torch.matmul(p, vf).transpose(0, 1), lse
+
+
+class PagedCache:
+    """A K/V pool in NHD or HND with a shuffled page table (pages of a sequence are not contiguous)."""
+
+    def __init__(self, lengths, page, H_kv, D, dtype, layout, gen, extra_pages=7, pt_batch_stride=None):
+        self.lengths, self.page, self.layout = lengths, page, layout
+        need = [math.ceil(L / page) for L in lengths]
+        self.max_pages = max(1, max(need))
+        total = sum(need) + extra_pages
+        shape = (total, page, H_kv, D) if layout == "NHD" else (total, H_kv, page, D)
+        self.k = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
+        self.v = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
+        perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
+        B = len(lengths)
+        if pt_batch_stride is None:
+            self.page_table = torch.full((B, self.max_pages), -1, dtype=torch.int32, device="cuda")
+        else:  # a page table whose batch stride exceeds 2^31 elements
+            self._pt_buf = torch.empty(pt_batch_stride * (B - 1) + self.max_pages, dtype=torch.int32, device="cuda")
+            self.page_table = self._pt_buf.as_strided((B, self.max_pages), (pt_batch_stride, 1))
+            self.page_table.fill_(-1)
+        pos = 0
+        for b, n in enumerate(need):
+            self.page_table[b, :n] = perm[pos:pos + n]
+            pos += n
+        self.seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+    def dense(self, b):
+        L, P = self.lengths[b], self.page
+        pages = self.page_table[b, : math.ceil(L / P)].long()
+        if self.layout == "NHD":
+            k, v = self.k[pages], self.v[pages]  # [n, P, H, D]
+        else:
+            k, v = self.k[pages].transpose(1, 2), self.v[pages].transpose(1, 2)
+        H, D = k.shape[2], k.shape[3]
+        return k.reshape(-1, H, D)[:L], v.reshape(-1, H, D)[:L]
+
+
+def run_and_check(rt, cache, q, out, lse, splits, what, workspace=None):
+    B, S_q, H_q, D = q.shape
+    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    max_len = max(cache.lengths)
+    nbytes = rt.decode_workspace_bytes(B, S_q, H_q, D, splits or 64)
+    ws = workspace if workspace is not None else torch.empty(max(nbytes, 16), dtype=torch.uint8, device="cuda")
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=max_len,
+                             kv_layout=cache.layout, num_splits=splits, workspace=ws)
+    out.fill_(math.nan)
+    if lse is not None:
+        lse.fill_(math.nan)
+    plan(q, out, lse, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    scale = 1.0 / math.sqrt(D)
+    for b in range(B):
+        k, v = cache.dense(b)
+        ro, rl = reference(q[b], k, v, scale)
+        check_close(out[b], ro, TOL[dtype], f"O {what} b={b} L={cache.lengths[b]} splits={plan.num_splits}")
+        if lse is not None:
+            check_close(lse[b], rl, LSE_TOL, f"LSE {what} b={b} splits={plan.num_splits}")
+    return plan
+
+
+LENGTHS = [0, 1, 15, 16, 17, 1000, 32768]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("S_q", [1, 4])
+def test_decode_paged_all_variants(rt, layout, S_q):
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    assert variants, "the default bundle has no paged sdpa_decode kernels"
+    gen = torch.Generator(device="cuda").manual_seed(S_q + (layout == "HND"))
+    for dtype, D, kv in variants:
+        page = int(kv[len("paged"):])
+        cache = PagedCache(LENGTHS, page, 2, D, dtype, layout, gen)
+        B, H_q = len(LENGTHS), 8
+        q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H_q, S_q, device="cuda")
+        for splits in (1, 2, 7, None):
+            run_and_check(rt, cache, q, out, lse, splits, f"{dtype} D{D} {kv} {layout} S_q={S_q}")
+
+
+def test_decode_dense_kv_and_padded_outputs(rt):
+    variants = decode_variants(rt, "dense")
+    if not variants:
+        pytest.skip("no dense-KV decode kernels in the bundle")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for dtype, D, _ in variants:
+        B, S, H_q, H_kv, S_q = 3, 700, 16, 1, 2  # MQA
+        k = torch.randn(B, S, H_kv, D, dtype=DT[dtype], device="cuda", generator=gen)
+        v = torch.randn(B, S, H_kv, D, dtype=DT[dtype], device="cuda", generator=gen)
+        lengths = [700, 0, 333]
+
+        class Dense:
+            pass
+
+        cache = Dense()
+        cache.k, cache.v, cache.lengths, cache.layout = k, v, lengths, "NHD"
+        cache.page_table = None
+        cache.seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        cache.dense = lambda b: (k[b, : lengths[b]], v[b, : lengths[b]])
+        q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out_buf = torch.empty(B, S_q, H_q + 2, D + 8, dtype=DT[dtype], device="cuda")
+        out = out_buf[:, :, :H_q, :D]
+        lse = torch.empty(B, H_q, S_q + 3, device="cuda")[:, :, :S_q]
+        for splits in (1, 3):
+            run_and_check(rt, cache, q, out, lse, splits, f"dense {dtype} D{D}")
+
+
+def test_decode_page_table_batch_stride_beyond_int32(rt):
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[0]
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    cache = PagedCache([100, 37], int(kv[len("paged"):]), 2, D, dtype, "NHD", gen, pt_batch_stride=(1 << 31) + 64)
+    q = torch.randn(2, 1, 4, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1, device="cuda")
+    run_and_check(rt, cache, q, out, lse, 2, "page table stride > 2^31")
+    del cache
+    torch.cuda.empty_cache()
+
+
+def test_decode_cuda_graph_replay_with_changed_inputs(rt):
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[-1]
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    cache = PagedCache([900, 64, 3000, 1], int(kv[len("paged"):]), 8, D, dtype, "NHD", gen)
+    B, H_q, S_q = 4, 32, 1
+    q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H_q, S_q, device="cuda")
+    nbytes = rt.decode_workspace_bytes(B, S_q, H_q, D, 4)
+    ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=4096,
+                             num_splits=4, workspace=ws)
+    plan(q, out, lse, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    for step in range(3):
+        q.copy_(torch.randn(q.shape, dtype=q.dtype, device="cuda", generator=gen))
+        cache.lengths = [L + 17 * (step + 1) for L in [900, 64, 3000, 1]]
+        cache.seqlens.copy_(torch.tensor(cache.lengths, dtype=torch.int32))
+        out.fill_(math.nan), lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b in range(B):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(out[b], ro, TOL[dtype], f"graph step {step} b={b}")
+            check_close(lse[b], rl, LSE_TOL, f"graph step {step} LSE b={b}")
+
+
+def test_decode_bad_arguments(rt):
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[0]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cache = PagedCache([50, 60], int(kv[len("paged"):]), 2, D, dtype, "NHD", gen)
+    q = torch.randn(2, 1, 4, D, dtype=DT[dtype], device="cuda")
+    out = torch.full_like(q, math.nan)
+    ws = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    common = dict(max_seqlen_kv=60, workspace=ws)
+    cases = [
+        (lambda: rt.decode(q.float(), cache.k, cache.v, out, cache.seqlens, cache.page_table, **common), "q.dtype"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens.long(), cache.page_table, **common), "seqlens_kv"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table.long(), **common), "page_table"),
+        (lambda: rt.decode(torch.randn(2, 17, 4, D, dtype=q.dtype, device="cuda"), cache.k, cache.v,
+                           torch.empty(2, 17, 4, D, dtype=q.dtype, device="cuda"), cache.seqlens, cache.page_table,
+                           **common), "q.shape[1]"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, max_seqlen_kv=10**6,
+                           workspace=ws), "page_table.shape[1]"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, max_seqlen_kv=60,
+                           num_splits=8, workspace=ws[:16]), "workspace"),
+        (lambda: rt.decode(q, cache.k, cache.v, q, cache.seqlens, cache.page_table, **common), "out"),  # out is q
+    ]
+    for call, name in cases:
+        with pytest.raises((ArgumentError, TypeError, ValueError)) as ei:
+            call()
+        assert name in str(ei.value), (name, str(ei.value))
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all(), "a refused call launched"
