@@ -226,14 +226,26 @@ def cache_info(as_json):
 
 @cache.command("ls")
 def cache_ls():
-    """One line per entry: key, state and variant."""
+    """One line per entry: key, state and variant; entries made by other aotc/DSL versions are marked
+    stale with the versions that made them (this aotc never looks them up; `aotc cache gc` ages them out)."""
     from .cache import Cache
+    from .compile import cache_key
+    from .versions import producer_versions
 
     c = Cache()
+    here = producer_versions()
     for key in c.keys():
         status, art = c.check(key)
-        name = art.variant.name if art else status.reason
-        click.echo(f"{key[:16]}  {status.state:<8} {name}")
+        if art is None:
+            click.echo(f"{key[:16]}  {status.state:<8} {status.reason}")
+            continue
+        state, extra = status.state, ""
+        if cache_key(art.variant) not in (None, key):
+            made = art.info.get("versions", {})
+            diff = {k: v for k, v in made.items() if here.get(k) != v}
+            state, extra = "stale", "  (made by " + ", ".join(f"{k} {v}" for k, v in sorted(diff.items())) + \
+                "; rebuild with `aotc build`)"
+        click.echo(f"{key[:16]}  {state:<8} {art.variant.name}{extra}")
 
 
 @cache.command("verify")

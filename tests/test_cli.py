@@ -181,3 +181,19 @@ def test_errors_become_exit_codes_and_messages(cache_dir, tmp_path, capsys):
     assert err.startswith("error: cannot read spec")
     assert main(["bundle", "verify", str(tmp_path / "missing.aotc")]) == 7
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cache_ls_marks_entries_from_other_versions(cache_dir, real_artifacts, capsys):
+    import dataclasses
+
+    from aotc.cache import Cache
+
+    art = real_artifacts[0]
+    old = dataclasses.replace(art, key="f" * 64, info={**art.info, "versions": {**art.info["versions"],
+                                                                                "nvidia-cutlass-dsl": "4.0.0"}})
+    c = Cache()
+    with c.locked(old.key):
+        c.commit(old)
+    assert main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "stale" in out and "nvidia-cutlass-dsl 4.0.0" in out and "aotc build" in out
