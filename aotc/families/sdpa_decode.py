@@ -11,8 +11,10 @@ Tensors (element strides; head-dim stride 1 everywhere):
   O   [B, S_q, H_q, D] (dtype), LSE fp32 [B, H_q, S_q] (optional)
 
 Causal within the new tokens: query i (0-based among S_q) sees keys j <= seqlens_kv[b] - S_q + i.
-GQA packing: one CTA serves one (batch, kv head, split) and all H_q / H_kv query heads of that KV head
-and all S_q tokens as the rows of its tile, so each K/V byte is read once per split.
+GQA packing: a CTA serves one (batch, kv head, split) and up to ROWS_PER_CTA (token, query head) rows of
+that KV head (all of them when H_q / H_kv * S_q <= 16, the common decode case), so each K/V byte is read
+once per split; larger groups take ceil(rows / ROWS_PER_CTA) CTAs along grid.y. The CTA's 4 warps split
+each kv block's keys between them and merge their partial softmax states at the end.
 
 Split-KV: num_splits CTAs share a sequence; split s handles tokens [s*chunk, (s+1)*chunk) where
 chunk = ceil(ceil(seqlens_kv[b] / num_splits) / BLOCK_N) * BLOCK_N. With write_partial != 0 a split
@@ -28,7 +30,7 @@ from . import Family, Field, register
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
-ROWS_PER_CTA = 64  # packed (query head, token) rows one CTA serves; more rows -> more CTAs along grid.y
+ROWS_PER_CTA = 16  # packed (token, query head) rows one CTA serves (one m16 MMA tile; the 4 warps split the keys)
 
 PARAMS: tuple[Param, ...] = (
     Param("q", "ptr"), Param("k", "ptr"), Param("v", "ptr"), Param("o", "ptr"), Param("lse", "ptr"),

@@ -30,6 +30,7 @@ FAMILY = "sdpa_decode"
 DTYPES = ("fp16", "bf16")
 BLOCK_N = 64  # tokens per kv block, for the split heuristic
 MAX_SPLITS = 64
+CTAS_PER_SM = 2  # decode CTAs resident per SM (the kernels' shared memory allows two)
 
 
 def _align16(n: int) -> int:
@@ -45,11 +46,11 @@ def workspace_bytes(batch: int, seqlen_q: int, heads_q: int, head_dim: int, num_
 
 
 def choose_splits(batch: int, heads_kv: int, row_tiles: int, max_seqlen_kv: int, sm_count: int) -> int:
-    """Enough CTAs to fill the GPU about twice, each split keeping at least 4 kv blocks of work."""
+    """As many splits as fit in one wave of CTAs (CTAS_PER_SM resident per SM), each split keeping at
+    least 4 kv blocks of work; a partial second wave would cost as much as a whole one."""
     ctas = max(1, batch * heads_kv * row_tiles)
     blocks = max(1, math.ceil(max_seqlen_kv / BLOCK_N))
-    want = math.ceil(2 * sm_count / ctas)
-    return max(1, min(want, blocks // 4, MAX_SPLITS))
+    return max(1, min(sm_count * CTAS_PER_SM // ctas, blocks // 4, MAX_SPLITS))
 
 
 class DecodePlan:
@@ -102,7 +103,7 @@ class DecodePlan:
                                              **({"lse": ls} if ls else {})})
             ws_ptr = ws.ptr
             lp_ptr = ws_ptr + _align16(num_splits * rows * head_dim * 4)
-            op_rec = tensor(ws_ptr, (num_splits, batch, seqlen_q, heads_q, head_dim), op_strides, "fp32", device)
+            op_rec = tensor(ws_ptr, (num_splits, batch, seqlen_q, heads_q, head_dim), op_strides + (1,), "fp32", device)
             lp_rec = tensor(lp_ptr, (num_splits, batch, heads_q, seqlen_q), lp_strides, "fp32", device)
             from .combine import CombinePlan
 

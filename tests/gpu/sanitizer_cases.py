@@ -71,7 +71,38 @@ def prefill_cases():
                 launches += 1
 
 
+def decode_cases():
+    global launches
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"])
+                       for k in rt.kernels.get("sdpa_decode", [])})
+    if mode != "all":
+        variants = [v for v in variants if v[1] == 128 and v[2] == "paged16"][:1]
+    for dtype, D, kv in variants:
+        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        lengths = [1, 15, 16, 17, 0, 130]  # length 1, page boundaries, empty, a tail
+        B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
+        max_len = max(lengths)
+        q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H_q, S_q, device="cuda")
+        sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        if kv == "dense":
+            k = torch.randn(B, max_len, H_kv, D, device="cuda", dtype=t)
+            pt = None
+        else:
+            page = int(kv[len("paged"):])
+            n = -(-max_len // page)
+            k = torch.randn(B * n, page, H_kv, D, device="cuda", dtype=t)
+            pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+        for splits in (1, 5):  # 5 splits over short sequences: empty splits
+            ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, splits)), dtype=torch.uint8,
+                             device="cuda")
+            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, num_splits=splits, workspace=ws)
+            launches += 2 if splits > 1 else 1
+
+
 combine_cases()
 prefill_cases()
+decode_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")

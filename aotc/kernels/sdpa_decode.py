@@ -1,0 +1,864 @@
+"""CuTe DSL kernel for the sdpa_decode family (see aotc.families.sdpa_decode).
+
+Decode attention: S_q (1..16) new tokens of every query head of one KV head attend over a paged or
+dense KV cache. Warp-level tensor cores (mma.sync m16n8k16, fp32 accumulate), 16-byte cp.async and
+ldmatrix: the same code for sm_80 .. sm_120a.
+
+CTA = (split = blockIdx.x, kv_head * row_tiles + row_tile = blockIdx.y, b = blockIdx.z), 128 threads.
+
+Rows (GQA packing): the CTA serves ROWS_PER_CTA = 16 packed rows r = row_tile*16 + 0..15 of the
+group*S_q rows of its KV head, row r <-> token i = r // group, query head h = kv_head*group + r % group
+(rows >= group*S_q are padding: zero Q, never stored). All 16 rows fit one m16 MMA tile, so the
+4 warps split the KEYS instead of the rows: kv block n (BLOCK_N = 4*KW tokens) is one smem tile of K
+and one of V, and warp w computes S = Q K^T, the online softmax and O += P V for keys
+[w*KW, (w+1)*KW) of every block, with its own running max / sum / O (a flash-decoding split inside
+the CTA). The epilogue merges the four warps' (max, sum, O) through shared memory. Every warp does a
+quarter of the tensor-core work of a block, so the CTA stays memory bound even when only a few of
+the 16 rows are real (group 4-8 with S_q = 1 is the common case).
+
+Split-KV: split s covers tokens [lo, hi) = [s*chunk, min((s+1)*chunk, S_kv)) with
+chunk = ceil(ceil(S_kv / num_splits) / BLOCK_N) * BLOCK_N (any partition is valid for the combine;
+this one keeps lo a multiple of BLOCK_N and of the page size).
+
+Pipeline: a ring of SLOTS tile buffers in dynamic smem; tiles are issued in the order
+K0 V0 K1 V1 ..., tile t into slot t % SLOTS, one cp.async commit group per tile (the Q tile joins
+tile 0's group). Per tile t (K step: t = 2n, V step: t = 2n+1):
+
+    cp.async.wait_group(SLOTS-2)    tile t landed (this thread's copies)
+    barrier                         everyone's copies of tile t visible; every warp done with t-1
+    issue tile t+SLOTS-1 into slot (t-1) % SLOTS   (commit; empty group past the last block)
+    K step: S = Q K^T (ldmatrix Q, K), [mask], online softmax (exp2, scale*log2 e), P -> 16 bit
+    V step: O += P V  (ldmatrix.trans V, 64-column chunks of D)
+
+so SLOTS-1 tiles (SLOTS-1 times BLOCK_N*D*2 bytes) are in flight while a warp computes.
+
+K/V rows are gathered one 16-byte cp.async at a time from a per-thread row address:
+paged  k + page_table[b, t // P] * stride_page + (t % P) * stride_token + kv_head * stride_head
+dense  k + b * stride_page + t * stride_token + kv_head * stride_head            (same three slots)
+A thread copies rows tid/8 + 16j (j < BLOCK_N/16) of a tile, 8 consecutive 16-byte chunks of a
+row across 8 threads; the page of row-iteration j is the block's (16j // P)-th page, so a block needs
+only max(1, BLOCK_N/P) page-table entries, the same for every thread: they are loaded one tile step
+before the K tile that uses them (after the V tile of the previous block is issued), so the
+page-table latency overlaps a step of compute. Rows at or past hi are zero-filled in smem and never
+read from global memory (no page-table read either). All offsets are Int64; row offsets are
+declared multiples of 8 elements (runtime: 16-byte aligned bases, strides multiple of 8 elements).
+
+Masks: key j is visible to row (i, h) iff lo <= j < hi and j <= S_kv - S_q + i. Blocks entirely
+below min(hi, S_kv - S_q + 1) run without mask arithmetic (a loop of their own); the rest (the
+split's tail, or the last S_q - 1 keys of the sequence) are masked. A row that sees no key in a
+warp keeps max -inf (exponent offset 0, so every p is 0, never NaN).
+
+Epilogue: wait for every cp.async, barrier, each warp writes its per-row max, sum (quad-reduced)
+and unnormalized fp32 O to smem (overlaying Q and the ring; rows padded by 8 floats against bank
+conflicts); then each thread merges 8 consecutive columns of a row over the 4 warps:
+M = max m_w, e_w = 2^((m_w - M)*scale*log2 e), L = sum e_w l_w, O = sum e_w O_w / L,
+LSE = (M*scale*log2 e + log2 L) * ln 2 (natural log); L = 0 (no visible key) gives O = 0 and
+LSE = -inf. write_partial != 0: fp32 O_partial (two 16-byte stores) and LSE_partial; else O in
+fp16/bf16 (one 16-byte store) and LSE when write_lse != 0. Only rows < group*S_q are stored.
+
+Tiles (KW keys per warp per block, BLOCK_N = 4*KW, SLOTS) per head dim and smem class, see CONFIGS:
+2 CTAs per SM on sm_90/sm_100 (<= 113 KB each) and on sm_80 (<= 81 KB), 1 CTA on the 99 KB parts.
+
+DSL notes (as in sdpa_prefill): per-thread addresses are rebuilt in every step from an opaque copy
+of the thread index (otherwise LLVM hoists dozens of loop-invariant addresses into registers);
+helpers are @cute.jit functions taking a namespace (no closures over staged values); dynamic smem
+comes from SmemAllocator inside the kernel; ptxas runs at -O3, or -O2 / -O1 when -O3 spills.
+"""
+import math
+import os
+import struct
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.memory import SmemAllocator
+
+from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
+
+_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
+
+LOG2_E = 1.4426950408889634074
+LN_2 = 0.6931471805599453094
+_NEG_INF = -math.inf
+_VEC = 8          # 16-bit elements per 16-byte access
+_ATOM_COLS = 64   # columns of the smem swizzle atom (128 bytes)
+_THREADS = 128
+_WARPS = 4
+_ROWS = 16        # rows of the CTA tile: one m16 MMA tile
+_ACC_PAD = 8      # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
+_PTXAS_LEVELS = ("-O3", "-O2", "-O1")
+
+# keys per warp per block (KW) and ring slots per head dim, by smem class of the arch:
+#   big   sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs per SM
+#   a100  sm_80 (164 KB/SM): <= 81 KB per CTA, 2 CTAs per SM
+#   small sm_86/sm_89/sm_120a (100 KB/SM, 99 KB per block): 1 CTA per SM
+CONFIGS = {
+    64: {"kw": 32, "slots": {"big": 6, "a100": 4, "small": 6}},
+    128: {"kw": 16, "slots": {"big": 6, "a100": 4, "small": 5}},
+    256: {"kw": 16, "slots": {"big": 3, "a100": 2, "small": 2}},
+}
+_SMEM_CLASS = {"sm_80": "a100", "sm_86": "small", "sm_89": "small", "sm_90": "big", "sm_90a": "big",
+               "sm_100a": "big", "sm_120a": "small"}
+_SMEM_LIMIT = {"big": 113 * 1024, "a100": 81 * 1024, "small": 99 * 1024}
+
+
+def tile_config(head_dim: int, arch: str) -> dict:
+    """Tile facts of one (head_dim, arch): keys per warp, BLOCK_N, ring slots and smem bytes."""
+    if ROWS_PER_CTA != _ROWS:
+        raise RuntimeError(f"sdpa_decode ROWS_PER_CTA is {ROWS_PER_CTA}; this kernel serves {_ROWS} rows per CTA")
+    cfg = CONFIGS[head_dim]
+    kw = cfg["kw"]
+    cls = _SMEM_CLASS.get(arch, "small")
+    slots = cfg["slots"][cls]
+    block_n = _WARPS * kw
+    q_bytes = _ROWS * head_dim * 2
+    ring_bytes = slots * block_n * head_dim * 2
+    merge_bytes = _merge_bytes(head_dim)
+    smem = max(q_bytes + ring_bytes, merge_bytes)
+    smem = (smem + 1023) // 1024 * 1024
+    if smem > _SMEM_LIMIT[cls]:
+        raise RuntimeError(f"head_dim {head_dim} on {arch}: {smem} bytes of smem exceed {_SMEM_LIMIT[cls]}")
+    return {"kw": kw, "block_n": block_n, "slots": slots, "smem": smem, "q_bytes": q_bytes,
+            "ring_bytes": ring_bytes, "merge_bytes": merge_bytes}
+
+
+def _merge_bytes(head_dim: int) -> int:
+    # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
+    return _WARPS * _ROWS * 2 * 4 + _WARPS * _ROWS * (head_dim + _ACC_PAD) * 4
+
+
+def smem_bytes(head_dim: int, arch: str) -> int:
+    return tile_config(head_dim, arch)["smem"]
+
+
+def page_size_of(kv: str) -> int:
+    if kv not in KV_CHOICES:
+        raise ValueError(f"unknown kv {kv!r}")
+    return 0 if kv == "dense" else int(kv[len("paged"):])
+
+
+# ---------------------------------------------------------------------------- small helpers
+
+def _acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """View an m16n8 accumulator fragment ((2,2), MMA_M, MMA_N) as (rows, cols) of this thread."""
+    lay = cute.make_layout(acc.layout.shape)
+    mn = cute.make_layout(
+        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
+    """(4, MMA_M, MMA_N) accumulator layout -> ((4, 2), MMA_M, MMA_N / 2) m16n8k16 A-operand layout
+    (two neighbouring n8 accumulator tiles hold the 16 columns of one k16 A fragment; checked by
+    verify_mappings())."""
+    d = cute.logical_divide(layout, (None, None, 2))
+    return cute.make_layout(
+        ((d.shape[0], d.shape[2][0]), d.shape[1], d.shape[2][1]),
+        stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]),
+    )
+
+
+@dsl_user_op
+def _opaque_i32(x, *, loc=None, ip=None) -> Int32:
+    """x through a volatile mov: LLVM can neither fold it nor hoist it out of a loop."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    ))
+
+
+def _quad_allreduce(val, op):
+    """Reduce over the 4 threads of a quad (the threads sharing accumulator rows)."""
+    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
+    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+    return val
+
+
+def _make_warp_mma(dtype):
+    """One warp's m16n8k16 MMA over a (16, 16*k) tile (the N permutation lets ldmatrix.x4 load B)."""
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16))
+
+
+def _make_g2s(dtype):
+    """128-bit cp.async, 8 threads along a 64-column row, 16 rows per pass of 128 threads."""
+    atom = cute.make_copy_atom(
+        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
+    cols = _ATOM_COLS // _VEC
+    return cute.make_tiled_copy_tv(
+        atom, cute.make_layout((_THREADS // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
+
+
+def _smem_layout(rows: int, cols: int):
+    """(rows, cols) in 8x64 atoms, XOR-swizzled 16-byte chunks (Swizzle<3,3,3>): conflict-free
+    128-bit cp.async stores and ldmatrix loads. The swizzle acts on offset bits < 9 (elements), so a
+    view of it at any base offset that is a multiple of 512 elements stays consistent."""
+    atom = cute.make_composed_layout(
+        cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, _ATOM_COLS), stride=(_ATOM_COLS, 1)))
+    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
+
+
+# ---------------------------------------------------------------------------- the kernel
+
+def _build(dtype, head_dim: int, page: int, arch: str):
+    """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
+    D = head_dim
+    cfg = tile_config(D, arch)
+    KW = cfg["kw"]
+    BN = cfg["block_n"]
+    SLOTS = cfg["slots"]
+    TILE = BN * D                       # elements of one K or V tile
+    ROW_ITERS = BN // 16                # rows a thread copies per tile
+    N_CHUNKS = D // _ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
+    PAGED = page > 0
+    N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
+    LOG2_P = page.bit_length() - 1 if PAGED else 0
+    ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
+    ML_FLOATS = _WARPS * _ROWS * 2
+    OUT_CHUNKS = _ROWS * D // _VEC // _THREADS  # 8-column output chunks per thread
+    assert SLOTS >= 2 and KW % 16 == 0 and D % _ATOM_COLS == 0 and BN % 16 == 0
+    assert (_ROWS * D // _VEC) % _THREADS == 0
+    if PAGED:
+        assert page & (page - 1) == 0 and page % 16 == 0  # row-iteration j lies in page 16j // P
+    ring_elems = (cfg["smem"] - cfg["q_bytes"]) // 2
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
+        sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
+
+    smem_size = SharedStorage.size_in_bytes()
+    if smem_size != cfg["smem"]:
+        raise RuntimeError(f"shared storage is {smem_size} bytes, tile_config() says {cfg['smem']}")
+
+    # ------------------------------------------------------------------ global -> smem copies
+
+    # Tracer rule: inside a staged (dynamic) if/for body, never pass ctx to a function nor store
+    # through ctx.<attr>[...]: the tracer would thread ctx itself through the branch, and values
+    # created inside a loop body would escape it. Bodies read ctx attributes only.
+
+    @cute.jit
+    def copy_row(g2s, thr, base, off, dst):
+        """cp.async this thread's chunks of one (., D) row at base + off into dst (CPY, D/64): the
+        source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out."""
+        src = cute.make_tensor(base + cute.assume(off, divby=_VEC), cute.make_layout((16, D), stride=(0, 1)))
+        cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
+
+    @cute.jit
+    def load_pages(ctx, m):
+        """Page-table entries of block m into ctx.pg (0 for pages at or past hi: never used)."""
+        # (tensors written inside staged branches are plain locals: an attribute store through ctx
+        # would make the tracer thread ctx itself through the branch)
+        pg = ctx.pg
+        page_table = ctx.page_table
+        t0 = ctx.lo + m * BN
+        for j in cutlass.range_constexpr(N_PG):
+            tok = t0 + j * page if cutlass.const_expr(page < BN) else t0
+            pg[j] = Int32(0)
+            if tok < ctx.hi:
+                pg[j] = page_table[ctx.pt_row + Int64(tok >> LOG2_P) * ctx.pt_stride_p]
+
+    @cute.jit
+    def load_tile(ctx, tid, slot, m, is_v: cutlass.Constexpr):
+        """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled."""
+        if m < ctx.n_blocks:
+            g2s = ctx.g2s
+            thr = g2s.get_slice(tid)
+            ring_off = cute.assume(slot * TILE, divby=512)
+            sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
+            tXs = thr.partition_D(sT)  # (CPY, BN/16, D/64)
+            base = ctx.v if cutlass.const_expr(is_v) else ctx.k
+            s_page = ctx.v_stride_page if cutlass.const_expr(is_v) else ctx.k_stride_page
+            s_tok = ctx.v_stride_token if cutlass.const_expr(is_v) else ctx.k_stride_token
+            s_head = ctx.v_stride_head if cutlass.const_expr(is_v) else ctx.k_stride_head
+            fixed = Int64(ctx.kvh) * s_head  # + b * stride_page for dense KV
+            if cutlass.const_expr(not PAGED):
+                fixed = fixed + Int64(ctx.bidx) * s_page
+            tok0 = ctx.lo + m * BN + (tid >> 3)
+            for j in cutlass.range_constexpr(ROW_ITERS):
+                tok = tok0 + 16 * j
+                if tok < ctx.hi:
+                    if cutlass.const_expr(PAGED):
+                        pg = ctx.pg[(16 * j) // page if cutlass.const_expr(page < BN) else 0]
+                        off = Int64(pg) * s_page + Int64(tok & (page - 1)) * s_tok + fixed
+                    else:
+                        off = Int64(tok) * s_tok + fixed
+                    copy_row(g2s, thr, base, off, tXs[None, j, None])
+                else:
+                    tXs[None, j, None].fill(0)
+
+    @cute.jit
+    def issue(ctx, tid, t_issue, m, is_v: cutlass.Constexpr):
+        """Issue tile t_issue (block m, K or V), commit its group; after a V tile, prefetch the
+        next block's page-table entries (used by the next K tile, one step later)."""
+        load_tile(ctx, tid, t_issue % SLOTS, m, is_v)
+        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(PAGED and is_v):
+            load_pages(ctx, m + 1)
+
+    @cute.jit
+    def prologue(ctx):
+        """Q tile (rows past group*S_q zero-filled) + tiles 0 .. SLOTS-2 of the ring."""
+        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        g2s = ctx.g2s
+        q = ctx.q
+        thr = g2s.get_slice(tid)
+        sQ = cute.make_tensor(ctx.sQ_ptr, ctx.q_layout)
+        tQs = thr.partition_D(sQ)  # (CPY, 1, D/64)
+        rr = ctx.row_tile * _ROWS + (tid >> 3)
+        if rr < ctx.n_rows:
+            i = rr // ctx.group
+            h = ctx.kvh * ctx.group + (rr - i * ctx.group)
+            off = Int64(ctx.bidx) * ctx.q_stride_b + Int64(i) * ctx.q_stride_s + Int64(h) * ctx.q_stride_h
+            copy_row(g2s, thr, q, off, tQs[None, 0, None])
+        else:
+            tQs[None, 0, None].fill(0)
+        if cutlass.const_expr(PAGED):
+            load_pages(ctx, Int32(0))
+        for t in cutlass.range_constexpr(SLOTS - 1):
+            issue(ctx, tid, Int32(t), Int32(t // 2), t % 2 == 1)
+
+    # ------------------------------------------------------------------ per-step compute
+
+    @cute.jit
+    def k_step(ctx, n, masked: cutlass.Constexpr):
+        """Tile 2n (K of block n): S = Q K_w^T over this warp's KW keys, [mask], online softmax, P."""
+        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        t = 2 * n
+        cute.arch.cp_async_wait_group(SLOTS - 2)
+        cute.arch.barrier()
+        # tile t + SLOTS - 1: block n + (SLOTS-1)//2, a V tile iff SLOTS is even
+        issue(ctx, tid, t + (SLOTS - 1), n + (SLOTS - 1) // 2, SLOTS % 2 == 0)
+
+        lane = tid & 31
+        wn = tid >> 5
+        zero = cute.assume(_opaque_i32(Int32(0)), divby=512)
+        sQ = cute.make_tensor(ctx.sQ_ptr + zero, ctx.q_layout)
+        k_off = cute.assume((t % SLOTS) * TILE + wn * (KW * _ATOM_COLS), divby=512)
+        sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, D): this warp's keys
+
+        mma = ctx.mma
+        thr_mma = mma.get_slice(lane)
+        s2r_Q = ctx.s2r_Q.get_slice(lane)
+        s2r_K = ctx.s2r_K.get_slice(lane)
+        tSsQ = s2r_Q.partition_S(sQ)
+        tSsK = s2r_K.partition_S(sK)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tSrQ_v = s2r_Q.retile(tSrQ)
+        tSrK_v = s2r_K.retile(tSrK)
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, KW)), Float32)
+        acc_S.fill(0.0)
+        n_k = cute.size(tSsQ.shape[2])
+        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
+        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
+        for kk in cutlass.range_constexpr(n_k):
+            if cutlass.const_expr(kk + 1 < n_k):
+                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
+                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
+            cute.gemm(mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+
+        S_mn = _acc_mn_view(acc_S)
+        cS = cute.make_identity_tensor((_ROWS, KW))
+        t0ScS_mn = _acc_mn_view(mma.get_slice(0).partition_C(cS))  # compile-time coordinates
+        row_max = ctx.row_max
+        row_sum = ctx.row_sum
+        scale_log2 = ctx.scale_log2
+        if cutlass.const_expr(masked):
+            # key j = lo + n*BN + wn*KW + c of row r is visible iff j < row_lim[r] (>= lo always)
+            col0 = thr_mma.partition_C(cS)[0][1]
+            key0 = ctx.lo + n * BN + wn * KW + col0
+        for r in cutlass.range_constexpr(2):
+            if cutlass.const_expr(masked):
+                lim = ctx.row_lim[r] - key0
+                for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim else Float32(_NEG_INF)
+            row = S_mn[r, None].load()
+            m_prev = row_max[r]
+            m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
+            row_max[r] = m_cur
+            # a row that has seen no visible key keeps max -inf: offset 0 then, so p = 2^-inf = 0
+            m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
+            p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
+            alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            S_mn[r, None].store(p)
+            for h in cutlass.range_constexpr(N_CHUNKS):
+                O_mn = _acc_mn_view(ctx.acc_O[h])
+                O_mn[r, None].store(O_mn[r, None].load() * alpha)
+        ctx.rP.store(acc_S.load().to(dtype))
+
+    @cute.jit
+    def v_step(ctx, n):
+        """Tile 2n+1 (V of block n): O += P V_w over this warp's KW keys, 64 columns of D at a time."""
+        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        t = 2 * n + 1
+        cute.arch.cp_async_wait_group(SLOTS - 2)
+        cute.arch.barrier()
+        # tile t + SLOTS - 1: block n + SLOTS//2, a V tile iff SLOTS is odd
+        issue(ctx, tid, t + (SLOTS - 1), n + SLOTS // 2, SLOTS % 2 == 1)
+
+        lane = tid & 31
+        wn = tid >> 5
+        v_off = cute.assume((t % SLOTS) * TILE + wn * (KW * _ATOM_COLS), divby=512)
+        sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, D): this warp's keys
+        mma = ctx.mma
+        thr_mma = mma.get_slice(lane)
+        s2r_V = ctx.s2r_V.get_slice(lane)
+        tOrP = cute.make_tensor(ctx.rP.iterator, _acc_to_a_operand(ctx.rP.layout))
+        n_kk = cute.size(tOrP.shape[2])
+        srcs = []
+        frags = []
+        views = []
+        for h in cutlass.range_constexpr(N_CHUNKS):
+            sV_h = cute.local_tile(sV, (KW, _ATOM_COLS), (0, h))
+            sVt_h = cute.composition(sV_h, cute.make_layout((_ATOM_COLS, KW), stride=(KW, 1)))  # V^T
+            frag = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_h))
+            srcs.append(s2r_V.partition_S(sVt_h))
+            frags.append(frag)
+            views.append(s2r_V.retile(frag))
+        steps = [(h, kk) for h in range(N_CHUNKS) for kk in range(n_kk)]
+        h0, kk0 = steps[0]
+        cute.copy(s2r_V, srcs[h0][None, None, kk0], views[h0][None, None, kk0])
+        for i in cutlass.range_constexpr(len(steps)):
+            h, kk = steps[i]
+            if cutlass.const_expr(i + 1 < len(steps)):
+                h1, kk1 = steps[i + 1]
+                cute.copy(s2r_V, srcs[h1][None, None, kk1], views[h1][None, None, kk1])
+            acc = ctx.acc_O[h]
+            cute.gemm(mma, acc, tOrP[None, None, kk], frags[h][None, None, kk], acc)
+
+    @cute.jit
+    def epilogue(ctx):
+        """Merge the 4 warps' (max, sum, O) through smem; write O / LSE or the partials."""
+        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        lane = tid & 31
+        wn = tid >> 5
+        mma = ctx.mma
+        thr_mma = mma.get_slice(lane)
+        # every cp.async retired, every warp done with Q and the ring: the merge buffer overlays them
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        mbase = ctx.merge_ptr
+        cS = cute.make_identity_tensor((_ROWS, KW))
+        tScS = thr_mma.partition_C(cS)
+        t0ScS_mn = _acc_mn_view(mma.get_slice(0).partition_C(cS))
+        row0 = tScS[0][0]
+        for r in cutlass.range_constexpr(2):
+            total = _quad_allreduce(ctx.row_sum[r], lambda a, b_: a + b_)
+            if tScS[0][1] == 0:  # one thread of each quad writes the quad's rows
+                idx = (wn * _ROWS + row0 + t0ScS_mn[r, 0][0]) * 2
+                mbase[idx] = ctx.row_max[r]
+                mbase[idx + 1] = total
+        acc_base = mbase + cute.assume(ML_FLOATS + wn * (_ROWS * ACC_LD), divby=32)
+        for h in cutlass.range_constexpr(N_CHUNKS):
+            sAcc = cute.make_tensor(acc_base + h * _ATOM_COLS,
+                                    cute.make_layout((_ROWS, _ATOM_COLS), stride=(ACC_LD, 1)))
+            cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
+        cute.arch.barrier()
+
+        scale_log2 = ctx.scale_log2
+        lse = ctx.lse
+        lse_partial = ctx.lse_partial
+        for j in cutlass.range_constexpr(OUT_CHUNKS):
+            qc = tid + _THREADS * j
+            row = qc // (D // _VEC)
+            c0 = (qc - row * (D // _VEC)) * _VEC
+            rr = ctx.row_tile * _ROWS + row
+            if rr < ctx.n_rows:
+                m_all = Float32(_NEG_INF)
+                for w in cutlass.range_constexpr(_WARPS):
+                    m_all = cute.arch.fmax(m_all, mbase[(w * _ROWS + row) * 2])
+                m_s = (Float32(0.0) if m_all == Float32(_NEG_INF) else m_all) * scale_log2
+                total = Float32(0.0)
+                acc = cute.make_rmem_tensor((_VEC,), Float32)
+                acc.fill(0.0)
+                for w in cutlass.range_constexpr(_WARPS):
+                    e = cute.math.exp2(mbase[(w * _ROWS + row) * 2] * scale_log2 - m_s, fastmath=True)
+                    total = total + e * mbase[(w * _ROWS + row) * 2 + 1]
+                    src = cute.make_tensor(
+                        mbase + cute.assume(ML_FLOATS + (w * _ROWS + row) * ACC_LD + c0, divby=_VEC),
+                        cute.make_layout(_VEC))
+                    acc.store(acc.load() + src.load() * e)
+                inv = Float32(0.0)
+                lse_v = Float32(_NEG_INF)  # no visible key: O = 0, LSE = -inf
+                if total > Float32(0.0):
+                    inv = Float32(1.0) / total
+                    lse_v = (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+                res = acc.load() * inv
+                i = rr // ctx.group
+                h = ctx.kvh * ctx.group + (rr - i * ctx.group)
+                if ctx.write_partial != 0:
+                    off = (Int64(ctx.split) * ctx.op_stride_split + Int64(ctx.bidx) * ctx.op_stride_b
+                           + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h + Int64(c0))
+                    dst = cute.make_tensor(ctx.o_partial + cute.assume(off, divby=4), cute.make_layout(_VEC))
+                    dst.store(res)
+                    if c0 == 0:
+                        lse_partial[Int64(ctx.split) * ctx.lp_stride_split + Int64(ctx.bidx) * ctx.lp_stride_b
+                                        + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s] = lse_v
+                else:
+                    off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s
+                           + Int64(h) * ctx.o_stride_h + Int64(c0))
+                    dst = cute.make_tensor(ctx.o + cute.assume(off, divby=_VEC), cute.make_layout(_VEC))
+                    dst.store(res.to(dtype))
+                    if ctx.write_lse != 0:
+                        if c0 == 0:
+                            lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
+                                    + Int64(i) * ctx.lse_stride_s] = lse_v
+
+    @cute.kernel
+    def sdpa_decode_kernel(
+        q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
+        o_partial: cute.Pointer, lse_partial: cute.Pointer, page_table: cute.Pointer, seqlens_kv: cute.Pointer,
+        batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
+        num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
+        softmax_scale: Float32,
+        q_stride_b: Int64, q_stride_s: Int64, q_stride_h: Int64,
+        k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
+        v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
+        lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
+        op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
+        lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, yblk, bidx = cute.arch.block_idx()
+        split = Int32(split)
+        yblk = Int32(yblk)
+        bidx = Int32(bidx)
+
+        group = heads_q // heads_kv
+        n_rows = group * seqlen_q
+        row_tiles = (n_rows + (_ROWS - 1)) // _ROWS
+        kvh = yblk // row_tiles
+        row_tile = yblk - kvh * row_tiles
+
+        # ------------------------------------------------------------ this split's kv range
+        s_kv = cutlass.max(seqlens_kv[bidx], Int32(0))
+        if cutlass.const_expr(PAGED):
+            # a sequence longer than its page-table row is cut there (never read past the row)
+            if Int64(s_kv) > Int64(max_pages) * page:
+                s_kv = cutlass.max(max_pages, Int32(0)) * page
+        per_split = (s_kv + (num_splits - 1)) // num_splits
+        chunk = (per_split + (BN - 1)) // BN * BN
+        lo = split * chunk
+        hi = cutlass.min(lo + chunk, s_kv)
+        n_blocks = Int32(0)
+        if hi > lo:
+            n_blocks = (hi - lo + (BN - 1)) // BN
+        # blocks below min(hi, S_kv - S_q + 1) are visible to every row: no mask
+        lim_all = cutlass.min(hi, s_kv - seqlen_q + 1)
+        n_unmasked = Int32(0)
+        if lim_all > lo:
+            n_unmasked = (lim_all - lo) // BN
+
+        storage = SmemAllocator().allocate(SharedStorage)
+        tiled_mma = _make_warp_mma(dtype)
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+        sQ_ptr = storage.sQ.data_ptr()
+        ring_ptr = storage.sKV.data_ptr()
+        tile_layout = _smem_layout(BN, D)
+        ctx = SimpleNamespace(
+            tidx=Int32(tidx), split=split, bidx=bidx, kvh=kvh, row_tile=row_tile,
+            group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
+            q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial,
+            page_table=page_table,
+            pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+            q_stride_b=q_stride_b, q_stride_s=q_stride_s, q_stride_h=q_stride_h,
+            k_stride_page=k_stride_page, k_stride_token=k_stride_token, k_stride_head=k_stride_head,
+            v_stride_page=v_stride_page, v_stride_token=v_stride_token, v_stride_head=v_stride_head,
+            o_stride_b=o_stride_b, o_stride_s=o_stride_s, o_stride_h=o_stride_h,
+            lse_stride_b=lse_stride_b, lse_stride_h=lse_stride_h, lse_stride_s=lse_stride_s,
+            op_stride_split=op_stride_split, op_stride_b=op_stride_b, op_stride_s=op_stride_s,
+            op_stride_h=op_stride_h,
+            lp_stride_split=lp_stride_split, lp_stride_b=lp_stride_b, lp_stride_h=lp_stride_h,
+            lp_stride_s=lp_stride_s,
+            write_lse=write_lse, write_partial=write_partial,
+            scale_log2=softmax_scale * Float32(LOG2_E),
+            sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
+            merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
+            q_layout=_smem_layout(_ROWS, D),
+            tile_layout=tile_layout,
+            # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
+            warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (KW, D), (0, 0)).layout,
+            g2s=_make_g2s(dtype),
+            mma=tiled_mma,
+            s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
+            s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
+            s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
+        )
+        if cutlass.const_expr(PAGED):
+            ctx.pg = cute.make_rmem_tensor((N_PG,), Int32)
+        # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums
+        thr_mma0 = tiled_mma.get_slice(Int32(tidx) & 31)
+        ctx.acc_O = []
+        for h in cutlass.range_constexpr(N_CHUNKS):
+            acc = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, _ATOM_COLS)), Float32)
+            acc.fill(0.0)
+            ctx.acc_O.append(acc)
+        ctx.row_max = cute.make_rmem_tensor((2,), Float32)
+        ctx.row_sum = cute.make_rmem_tensor((2,), Float32)
+        ctx.row_max.fill(_NEG_INF)
+        ctx.row_sum.fill(0.0)
+        ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, KW)), dtype)
+        # key limit of this thread's two rows: j < min(hi, S_kv - S_q + 1 + i)
+        cS = cute.make_identity_tensor((_ROWS, KW))
+        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+        row0 = thr_mma0.partition_C(cS)[0][0]
+        row_lim = cute.make_rmem_tensor((2,), Int32)
+        for r in cutlass.range_constexpr(2):
+            i_r = (row_tile * _ROWS + row0 + t0ScS_mn[r, 0][0]) // group
+            row_lim[r] = cutlass.min(hi, s_kv - seqlen_q + 1 + i_r)
+        ctx.row_lim = row_lim
+
+        prologue(ctx)
+        for t in cutlass.range(n_unmasked, unroll=1):
+            k_step(ctx, t, False)
+            v_step(ctx, t)
+        for t in cutlass.range(n_blocks - n_unmasked, unroll=1):
+            k_step(ctx, n_unmasked + t, True)
+            v_step(ctx, n_unmasked + t)
+        epilogue(ctx)
+
+    @cute.jit
+    def sdpa_decode_host(
+        q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
+        o_partial: cute.Pointer, lse_partial: cute.Pointer, page_table: cute.Pointer, seqlens_kv: cute.Pointer,
+        batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
+        num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
+        softmax_scale: Float32,
+        q_stride_b: Int64, q_stride_s: Int64, q_stride_h: Int64,
+        k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
+        v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
+        lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
+        op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
+        lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+    ):
+        # The real launch is done by the aotc runtime; this one only makes the module well formed,
+        # with the same block and dynamic smem.
+        group = heads_q // heads_kv
+        row_tiles = (group * seqlen_q + (_ROWS - 1)) // _ROWS
+        sdpa_decode_kernel(
+            q, k, v, o, lse, o_partial, lse_partial, page_table, seqlens_kv,
+            batch, seqlen_q, heads_q, heads_kv, num_splits, max_pages, write_lse, write_partial,
+            softmax_scale,
+            q_stride_b, q_stride_s, q_stride_h,
+            k_stride_page, k_stride_token, k_stride_head,
+            v_stride_page, v_stride_token, v_stride_head,
+            o_stride_b, o_stride_s, o_stride_h,
+            lse_stride_b, lse_stride_h, lse_stride_s,
+            pt_stride_b, pt_stride_p,
+            op_stride_split, op_stride_b, op_stride_s, op_stride_h,
+            lp_stride_split, lp_stride_b, lp_stride_h, lp_stride_s,
+        ).launch(
+            grid=[num_splits, heads_kv * row_tiles, batch],
+            block=[_THREADS, 1, 1],
+            smem=smem_size,
+        )
+
+    return sdpa_decode_host
+
+
+# ---------------------------------------------------------------------------- static checks
+
+_CHECK_THREADS = (1, 2, 4, 8, 16, 31)       # lanes: every lane-index bit alone, and all of them
+_CHECK_CTA_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
+
+
+def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
+    """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
+
+    1. P, the fp32 S accumulator (16, KW) viewed by _acc_to_a_operand, holds at each A-operand slot
+       the (row, col) the MMA's A partition of S expects there.
+    2. S accumulator coordinates are lane 0's (compile time) plus the lane's first element's, and
+       a lane holds exactly 2 rows (masks, row limits and the merge rows rely on it).
+    3. g2s copies: row-iteration j of a thread covers row tid/8 + 16j only; its columns are those of
+       the thread's (16, D) source partition (the per-row gather uses a row-stride-0 source); the
+       page of row-iteration j is 16j // P.
+    4. The warp view (rows [0, KW) of a tile at offset w*KW*64) addresses exactly rows
+       w*KW .. w*KW+KW-1 of the (BN, D) tile layout.
+    """
+    cfg = tile_config(head_dim, arch)
+    KW, BN = cfg["kw"], cfg["block_n"]
+    D = head_dim
+    errors = []
+    mma = _make_warp_mma(dtype)
+    g2s = _make_g2s(dtype)
+    cS = cute.make_identity_tensor((_ROWS, KW))
+    t0S = _acc_mn_view(mma.get_slice(0).partition_C(cS))
+    if cute.size(t0S, mode=[0]) != 2:
+        errors.append(f"a lane holds {cute.size(t0S, mode=[0])} accumulator rows, not 2")
+    for t in (0,) + _CHECK_THREADS:
+        thr = mma.get_slice(t)
+        tScS = thr.partition_C(cS)
+        p_view = cute.make_tensor(tScS.iterator, _acc_to_a_operand(tScS.layout))
+        a_part = thr.partition_A(cS)
+        if cute.size(p_view) != cute.size(a_part):
+            errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
+        else:
+            for i in range(cute.size(a_part)):
+                if tuple(p_view[i]) != tuple(a_part[i]):
+                    errors.append(f"lane {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
+                    break
+        tS = _acc_mn_view(tScS)
+        r0, c0 = tScS[0]
+        for r in range(cute.size(tS, mode=[0])):
+            for c in range(cute.size(tS, mode=[1])):
+                want = (t0S[r, 0][0] + r0, t0S[0, c][1] + c0)
+                if tuple(tS[r, c]) != want:
+                    errors.append(f"lane {t}: S element ({r},{c}) is at {tS[r, c]}, not {want}")
+    cT = cute.make_identity_tensor((BN, D))
+    cR = cute.make_identity_tensor((16, D))
+    cQ = cute.make_identity_tensor((_ROWS, D))
+    for t in (0,) + _CHECK_CTA_THREADS:
+        thr = g2s.get_slice(t)
+        for shape, cX in (((BN, D), cT), ((_ROWS, D), cQ)):
+            tX = thr.partition_D(cX)
+            tR = thr.partition_S(cR)
+            if cute.size(tX, mode=[1]) != shape[0] // 16 or cute.size(tR, mode=[1]) != 1:
+                errors.append(f"thread {t}: {shape} copy has {cute.size(tX, mode=[1])} row iterations")
+                continue
+            for j in range(cute.size(tX, mode=[1])):
+                sub = tX[None, j, None]
+                src = tR[None, 0, None]
+                for e in range(cute.size(sub)):
+                    if sub[e][0] != t // 8 + 16 * j or sub[e][1] != src[e][1]:
+                        errors.append(f"thread {t}: row-iteration {j} element {e} at {sub[e]}, source column {src[e][1]}")
+                        break
+    p_tile = cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024)
+    tile = cute.make_tensor(p_tile, _smem_layout(BN, D))
+    wl = cute.local_tile(tile, (KW, D), (0, 0)).layout
+    for w in range(_WARPS):
+        for rr in range(KW):
+            for cc in range(0, D, 8):
+                a = wl((rr, cc)) + w * KW * _ATOM_COLS
+                b = tile.layout((w * KW + rr, cc))
+                if a != b:
+                    errors.append(f"warp {w}: view ({rr},{cc}) at {a}, tile row {w * KW + rr} at {b}")
+                    break
+    return errors
+
+
+def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90") -> list[str]:
+    """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
+    dtype = _DTYPES[dtype_name]
+    out: list[str] = []
+
+    @cute.jit
+    def _trace():
+        out.extend(_check_mappings_traced(dtype, head_dim, arch))
+
+    _trace()
+    return out
+
+
+# ---------------------------------------------------------------------------- compile
+
+def _placeholders(dtype) -> list:
+    from cutlass.cute.runtime import make_ptr
+
+    gmem = cute.AddressSpace.gmem
+    # assumed_align becomes .align on the kernel's pointer parameters
+    args = [make_ptr(dtype, 16, gmem, assumed_align=16) for _ in range(4)]  # q, k, v, o
+    args.append(make_ptr(Float32, 16, gmem, assumed_align=4))               # lse
+    args.append(make_ptr(Float32, 16, gmem, assumed_align=16))              # o_partial
+    args.append(make_ptr(Float32, 16, gmem, assumed_align=4))               # lse_partial
+    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # page_table
+    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # seqlens_kv
+    for p in PARAMS[9:]:
+        args.append({"i32": Int32(1), "i64": Int64(8), "f32": Float32(1.0)}[p.kind])
+    return args
+
+
+def _check_params() -> None:
+    kinds = [p.kind for p in PARAMS]
+    expect = ["ptr"] * 9 + ["i32"] * 8 + ["f32"] + ["i64"] * 25
+    if kinds != expect:
+        raise RuntimeError(f"sdpa_decode PARAMS changed ({kinds}); update aotc/kernels/sdpa_decode.py")
+
+
+def frame_bytes(cubin: bytes) -> int:
+    """The largest per-thread stack frame (EIATTR_FRAME_SIZE) in the cubin: > 0 means local
+    memory, i.e. register spills (the kernel has no local arrays of its own)."""
+    e_shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+    names_off = secs[e_shstrndx][4]
+    frame = 0
+    for name_off, _typ, _flags, _addr, off, size, *_ in secs:
+        name = cubin[names_off + name_off:cubin.index(b"\0", names_off + name_off)]
+        if not name.startswith(b".nv.info"):
+            continue
+        blob, pos = cubin[off:off + size], 0
+        while pos + 4 <= len(blob):
+            fmt, attr = blob[pos], blob[pos + 1]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
+                (n,) = struct.unpack_from("<H", blob, pos + 2)
+                payload, pos = blob[pos + 4:pos + 4 + n], pos + 4 + n
+            else:
+                payload, pos = blob[pos + 2:pos + 4], pos + 4
+            if attr == 0x11 and len(payload) >= 8:  # EIATTR_FRAME_SIZE: (symbol, bytes)
+                frame = max(frame, struct.unpack_from("<I", payload, 4)[0])
+    return frame
+
+
+def _compile(variant, dump_dir: str, keep_ptx: bool):
+    _check_params()
+    if variant.family != "sdpa_decode":
+        raise ValueError(f"not an sdpa_decode variant: {variant.name}")
+    dtype = _DTYPES[variant["dtype"]]
+    head_dim = int(variant["head_dim"])
+    page = page_size_of(variant["kv"])
+    best = None
+    for level in _PTXAS_LEVELS:
+        # cute.compile writes files named after the host function: one dump_dir per compile
+        sub = os.path.join(dump_dir, f"ptxas{level}")
+        os.makedirs(sub, exist_ok=True)
+        opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={sub} --ptxas-options={level}"
+        if keep_ptx:
+            opts += " --keep-ptx"
+        host = _build(dtype, head_dim, page, variant.arch)
+        compiled = cute.compile(host, *_placeholders(dtype), options=opts)
+        symbols = list(compiled.kernel_info)
+        if len(symbols) != 1:
+            raise RuntimeError(f"expected one kernel in the module, got {symbols}")
+        cubin = bytes(compiled.__cubin__)
+        frame = frame_bytes(cubin)
+        if best is None or frame < best[3]:
+            best = (compiled, cubin, str(symbols[0]), frame, level)
+        if frame == 0:
+            break
+    return best
+
+
+def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
+    """Compile one sdpa_decode variant for variant.arch.
+
+    Returns (cubin bytes, kernel symbol, {"dynamic_smem": bytes}). The entry's parameters are
+    exactly aotc.families.sdpa_decode.PARAMS, in order; the launch is block (128, 1, 1),
+    grid (num_splits, heads_kv * ceil(group * seqlen_q / ROWS_PER_CTA), batch) with dynamic_smem
+    bytes of dynamic shared memory (over 48 KiB: the runtime raises the kernel's attribute).
+    """
+    _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
+    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]), variant.arch)}
+
+
+def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, dict, str]:
+    """Like compile(), also returning the PTX text; the dict also carries the ptxas level used,
+    the stack frame bytes (0: no spills) and the tile configuration."""
+    compiled, cubin, symbol, frame, level = _compile(variant, dump_dir, keep_ptx=True)
+    head_dim = int(variant["head_dim"])
+    facts = {"dynamic_smem": smem_bytes(head_dim, variant.arch), "ptxas": level, "frame_bytes": frame,
+             **tile_config(head_dim, variant.arch)}
+    return cubin, symbol, facts, str(compiled.__ptx__)

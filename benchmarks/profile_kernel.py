@@ -1,0 +1,36 @@
+"""Launch one aotc kernel a few times for Nsight Compute (ncu) to profile.
+
+    ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        python3 benchmarks/profile_kernel.py prefill 128 2048 0
+"""
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import aotc.runtime  # noqa: E402
+
+rt = aotc.runtime.load(str(Path(__file__).resolve().parents[1] / "artifacts" / "default.aotc"))
+family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
+if family == "prefill":
+    B, H = max(1, 16384 // S), 16
+    q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    out = torch.empty_like(q)
+    for _ in range(4):
+        rt.prefill(q, k, v, out, causal=causal)
+elif family == "decode":
+    B, page, H_q, H_kv = D // 1000 or 64, 16, 32, 8  # D argument reused as B*1000 for decode runs
+    D = 128
+    n_pages = B * S // page
+    kc = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
+    sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 64), dtype=torch.uint8, device="cuda")
+    for _ in range(4):
+        rt.decode(q, kc, kc, out, sl, pt, max_seqlen_kv=S, workspace=ws)
+torch.cuda.synchronize()
+print("done")

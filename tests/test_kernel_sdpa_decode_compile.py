@@ -1,0 +1,96 @@
+"""Compile-only checks of the sdpa_decode CuTe DSL kernel (no GPU needed)."""
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
+pytest.importorskip("cutlass")
+
+from aotc import cubin as cubin_mod  # noqa: E402
+from aotc.abi import KernelABI  # noqa: E402
+from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA  # noqa: E402
+from aotc.kernels import sdpa_decode as kernel  # noqa: E402
+from aotc.variant import Variant  # noqa: E402
+
+CASES = [
+    # arch, dtype, head_dim, kv
+    ("sm_90", "bf16", 128, "paged16"),
+    ("sm_80", "fp16", 64, "dense"),
+    ("sm_90", "bf16", 256, "paged128"),
+]
+
+
+def _entry_params(ptx: str, symbol: str) -> list[str]:
+    m = re.search(r"\.entry\s+" + re.escape(symbol) + r"\s*\((.*?)\)", ptx, re.S)
+    assert m, f"no .entry {symbol} in the PTX"
+    return re.findall(r"\.param\s+\.(\w+)", m.group(1))
+
+
+@pytest.mark.parametrize("arch,dtype,head_dim,kv", CASES)
+def test_compile(tmp_path, arch, dtype, head_dim, kv):
+    v = Variant.make("sdpa_decode", arch, dtype=dtype, head_dim=head_dim, kv=kv)
+    cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    assert cubin[:4] == b"\x7fELF"
+    assert symbol and symbol.encode() in cubin
+    assert f".target {arch}" in ptx
+
+    # the parameter table is exactly PARAMS' C layout
+    info = cubin_mod.parse(cubin)
+    assert info.arch == arch
+    assert symbol in info.kernels
+    params = info.kernels[symbol].params
+    assert len(params) == len(PARAMS)
+    assert KernelABI(symbol, PARAMS).check_layout(params) is None
+    want = {"ptr": "u64", "i64": "u64", "i32": "u32", "f32": "f32"}
+    assert _entry_params(ptx, symbol) == [want[p.kind] for p in PARAMS]
+    assert ".reqntid 128, 1, 1" in ptx
+
+    # dynamic smem: the Q tile + the K/V ring (or the merge buffer), the only shared memory declared
+    cfg = kernel.tile_config(head_dim, arch)
+    assert facts["dynamic_smem"] == cfg["smem"] == kernel.smem_bytes(head_dim, arch) > 0
+    assert cfg["smem"] >= cfg["q_bytes"] + cfg["ring_bytes"] and cfg["smem"] >= cfg["merge_bytes"]
+    assert cfg["slots"] >= 2 and cfg["block_n"] == 4 * cfg["kw"]
+    assert re.findall(r"\.shared\s[^;]*;", ptx) == [".shared .align 1024 .b8 __dynamic_shmem__0[];"]
+
+    # 16-byte cp.async only, ldmatrix (plain and transposed), m16n8k16 MMAs, 128-bit O stores
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", ptx)
+    assert not re.search(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], (4|8)\b", ptx)
+    assert f"cp.async.wait_group \t{cfg['slots'] - 2};" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    ab = {"fp16": "f16", "bf16": "bf16"}[dtype]
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in ptx
+    assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx)
+    assert ".local" not in ptx
+    assert facts["frame_bytes"] == 0, f"register spills: {facts}"
+
+
+def test_plain_compile_signature(tmp_path):
+    v = Variant.make("sdpa_decode", "sm_90", dtype="fp16", head_dim=128, kv="dense")
+    out = kernel.compile(v, dump_dir=str(tmp_path))
+    assert isinstance(out, tuple) and len(out) == 3
+    cubin, symbol, facts = out
+    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
+    assert isinstance(symbol, str) and symbol in cubin_mod.parse(cubin).kernels
+    assert facts == {"dynamic_smem": kernel.smem_bytes(128, "sm_90")}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_static_mappings(head_dim):
+    # P-as-A-operand view, accumulator rows/cols, gather-copy rows and columns, warp key views
+    assert kernel.verify_mappings(head_dim) == []
+
+
+def test_tile_configs_fit():
+    assert ROWS_PER_CTA == 16
+    for arch in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"):
+        for head_dim in (64, 128, 256):
+            cfg = kernel.tile_config(head_dim, arch)
+            assert cfg["smem"] <= 99 * 1024 or arch in ("sm_80", "sm_90", "sm_90a", "sm_100a")
+
+
+def test_wrong_family(tmp_path):
+    v = Variant.make("sdpa_combine", "sm_90", dtype="bf16", head_dim=128, strides="packed")
+    with pytest.raises(ValueError):
+        kernel.compile(v, dump_dir=str(tmp_path))
