@@ -166,15 +166,18 @@ def test_decode_cuda_graph_replay_with_changed_inputs(rt):
     variants = [v for v in decode_variants(rt) if v[2] != "dense"]
     dtype, D, kv = variants[-1]
     gen = torch.Generator(device="cuda").manual_seed(13)
-    cache = PagedCache([900, 64, 3000, 1], int(kv[len("paged"):]), 8, D, dtype, "NHD", gen)
+    final = [900 + 51, 64 + 51, 3000 + 51, 1 + 51]  # pages for the longest step; each step grows by 17
+    cache = PagedCache(final, int(kv[len("paged"):]), 8, D, dtype, "NHD", gen)
+    cache.lengths = [900, 64, 3000, 1]
+    cache.seqlens.copy_(torch.tensor(cache.lengths, dtype=torch.int32))
     B, H_q, S_q = 4, 32, 1
     q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
     out = torch.empty_like(q)
     lse = torch.empty(B, H_q, S_q, device="cuda")
     nbytes = rt.decode_workspace_bytes(B, S_q, H_q, D, 4)
     ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=4096,
-                             num_splits=4, workspace=ws)
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse,
+                             max_seqlen_kv=max(final), num_splits=4, workspace=ws)
     plan(q, out, lse, stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
