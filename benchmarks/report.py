@@ -51,6 +51,32 @@ def plot_prefill(pre: dict, out: Path) -> list[str]:
     return made
 
 
+def plot_decode(dec: dict, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = dec["rows"]
+    labels = [f"p{r['page']} B{r['B']}\nS{r['S_kv'] // 1024}k" for r in rows]
+    x = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for i, (key, label) in enumerate((("aotc_TBps", "aotc sdpa_decode (paged)"), ("cudnn_TBps", "torch SDPA cuDNN (dense)"),
+                                      ("flash_TBps", "torch SDPA flash (dense)"))):
+        ax.bar([xi + (i - 1) * 0.27 for xi in x], [r.get(key, 0) for r in rows], width=0.27, label=label)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("page size, batch, KV length (bf16, D 128, H_q/H_kv 32/8, one new token)")
+    ax.set_ylabel("effective KV bandwidth, TB/s")
+    ax.set_title(f"decode on {dec['gpu']} ({dec['date'][:10]})")
+    ax.set_ylim(0, 1.25 * max(r.get(k, 0) for r in rows for k in ("aotc_TBps", "cudnn_TBps", "flash_TBps")))
+    ax.legend(loc="upper center", ncol=3)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "decode.png", dpi=110)
+    plt.close(fig)
+    return "decode.png"
+
+
 def plot_host(rtj: dict, out: Path) -> str:
     import matplotlib
 
@@ -77,8 +103,25 @@ def plot_host(rtj: dict, out: Path) -> str:
     return "host_enqueue.png"
 
 
-def markdown(rtj, pre, build, cold) -> str:
+def markdown(rtj, pre, build, cold, dec=None) -> str:
     lines = ["# Benchmark results", ""]
+    if dec:
+        lines += [f"## Decode over a paged KV cache ({dec['gpu']}, {dec['date']}, commit {dec['git_commit'][:12]}, "
+                  f"`{dec['command']}`)", "",
+                  "bf16, D 128, H_q/H_kv 32/8, S_q 1; effective bandwidth = bytes of K and V / time (CUDA graph of 10 "
+                  "calls, L2 flushed); torch SDPA on dense KV of the same logical shape (enable_gqa).", "",
+                  "| page | B | S_kv | splits | aotc TB/s | cuDNN TB/s | flash TB/s | x cuDNN | x flash | max abs err vs fp32 |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in dec["rows"]:
+            f = lambda k, d=2: f"{r[k]:.{d}f}" if k in r else "n/a"  # noqa: E731
+            err = f"{r['max_abs_err_vs_fp32']:.1e}" if "max_abs_err_vs_fp32" in r else "-"
+            lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r.get('splits', '')} | {f('aotc_TBps')} | "
+                         f"{f('cudnn_TBps')} | {f('flash_TBps')} | {f('x_cudnn')} | {f('x_flash')} | {err} |")
+        lines += ["", "Host enqueue of one prepared decode step (decode + combine, 33 splits), 10,000 calls:", "",
+                  "| path | median µs | p99 µs | x bare cuLaunchKernel |", "|---|---|---|---|"]
+        for n, v in dec["host_enqueue"].items():
+            lines.append(f"| {n} | {v['median_us']:.2f} | {v['p99_us']:.2f} | {v.get('x_bare_launch', float('nan')):.2f} |")
+        lines.append("")
     if cold:
         import statistics
 
@@ -137,6 +180,7 @@ def main() -> None:
     args = ap.parse_args()
     res = Path(args.results)
     rtj, pre, build = load(res / "runtime.json"), load(res / "prefill.json"), load(res / "build.json")
+    dec = load(res / "decode.json")
     cold_path = res / "cold_start.jsonl"
     cold = [json.loads(x) for x in cold_path.read_text().splitlines() if x.strip()] if cold_path.exists() else []
     made = []
@@ -144,7 +188,9 @@ def main() -> None:
         made += plot_prefill(pre, res)
     if rtj:
         made.append(plot_host(rtj, res))
-    md = markdown(rtj, pre, build, cold) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
+    if dec:
+        made.append(plot_decode(dec, res))
+    md = markdown(rtj, pre, build, cold, dec) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
     (res / "README.md").write_text(md)
     print(md)
 
