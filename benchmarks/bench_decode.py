@@ -100,7 +100,8 @@ def main() -> None:
                                              torch.cuda.current_stream().cuda_stream)
                 us = graph_time(stream_fn, flush_buf.zero_)
                 torch.cuda.synchronize()
-                row.update(aotc_us=us, aotc_TBps=kv_bytes / us / 1e6, splits=plan.num_splits, variant=plan.variant.name)
+                row.update(aotc_us=us, aotc_TBps=kv_bytes / us / 1e6, splits=plan.num_splits, variant=plan.variant.name,
+                           workspace_bytes=plan.workspace_bytes)
                 if page == 16 and B == 1:  # a split step: decode + combine
                     st = torch.cuda.current_stream().cuda_stream
                     host["aotc_prepared_decode_step"] = time_calls(
@@ -139,7 +140,11 @@ def main() -> None:
     for v_ in host.values():
         if floor and "median_us" in v_:
             v_["x_bare_launch"] = v_["median_us"] / floor
+    import subprocess
+
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
+                                        "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
               "torch": torch.__version__, "git_commit": os.environ.get("AOTC_GIT_COMMIT", "unknown"),
               "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "rows": rows,
               "host_enqueue": host}

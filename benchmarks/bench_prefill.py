@@ -79,6 +79,11 @@ def main() -> None:
             ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
             ms, spread = bench(lambda: plan.run(*ptrs, 0, 0, 0, stream), flush)
             row.update(aotc_ms=ms, aotc_tflops=flops / ms / 1e9, aotc_spread=spread, variant=plan.variant.name)
+            if D == 128 and dtype == "bf16":  # what the packed stride specialization buys, same tensors
+                general = rt.prepare_prefill(q, k, v, out, causal=causal, specialize=False)
+                gms, _ = bench(lambda: general.run(*ptrs, 0, 0, 0, stream), flush)
+                row.update(general_ms=gms, general_tflops=flops / gms / 1e9, packed_speedup=gms / ms,
+                           general_variant=general.variant.name)
         except Exception as e:
             row["aotc_error"] = f"{type(e).__name__}: {e}"
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # torch SDPA wants [B, H, S, D]

@@ -77,6 +77,27 @@ def plot_decode(dec: dict, out: Path) -> str:
     return "decode.png"
 
 
+def plot_combine(rtj: dict, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rtj["combine_kernel"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar(range(len(rows)), [r["GB_per_s"] / 1e3 for r in rows])
+    ax.set_xticks(range(len(rows)), [f"splits {r['splits']}\nB {r['B']} S_q {r['S_q']}\n{r['bytes'] / 2**20:.1f} MiB"
+                                     for r in rows])
+    ax.set_ylabel("bytes read + written / time, TB/s")
+    ax.set_xlabel("sdpa_combine shape (H 32, D 128, bf16 out, LSE out)")
+    ax.set_title(f"sdpa_combine bandwidth on {rtj['gpu']} ({rtj['date'][:10]}), CUDA graph of 20 launches")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "combine.png", dpi=110)
+    plt.close(fig)
+    return "combine.png"
+
+
 def plot_host(rtj: dict, out: Path) -> str:
     import matplotlib
 
@@ -140,7 +161,14 @@ def markdown(rtj, pre, build, cold, dec=None) -> str:
             g = lambda k: f"{r[k]:.2f}" if k in r else "n/a"  # noqa: E731
             lines.append(f"| {r['D']} | {r['dtype']} | {r['S']} | {r['B']} | {r['causal']} | {f('aotc_tflops')} | "
                          f"{f('flash_tflops')} | {f('cudnn_tflops')} | {g('x_flash')} | {g('x_cudnn')} |")
-        lines.append("")
+        spec = [r for r in pre["rows"] if "packed_speedup" in r]
+        if spec:
+            lines += ["Stride specialization (same contiguous tensors, bf16 D128): packed variant vs general Int64 strides", "",
+                      "| S | causal | packed TFLOP/s | general TFLOP/s | packed / general |", "|---|---|---|---|---|"]
+            for r in spec:
+                lines.append(f"| {r['S']} | {r['causal']} | {r['aotc_tflops']:.1f} | {r['general_tflops']:.1f} | "
+                             f"{r['packed_speedup']:.3f} |")
+            lines.append("")
     if rtj:
         lines += [f"## Host enqueue ({rtj['gpu']}, {rtj['date']}, commit {rtj['git_commit'][:12]})", "",
                   "| path | median µs | p99 µs | x bare cuLaunchKernel (cuda.bindings) |", "|---|---|---|---|"]
@@ -188,6 +216,7 @@ def main() -> None:
         made += plot_prefill(pre, res)
     if rtj:
         made.append(plot_host(rtj, res))
+        made.append(plot_combine(rtj, res))
     if dec:
         made.append(plot_decode(dec, res))
     md = markdown(rtj, pre, build, cold, dec) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"

@@ -92,13 +92,16 @@ class Runtime:
         combine(self, o_partial, lse_partial, out, lse, stream=stream)
 
     def prepare_prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, cu_seqlens_q=None,
-                        cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None):
-        """Validate once and return a PrefillPlan (dense, or ragged when cu_seqlens are given)."""
+                        cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, specialize: bool = True):
+        """Validate once and return a PrefillPlan (dense, or ragged when cu_seqlens are given).
+
+        specialize=False uses the general-stride variant even when the tensors keep a
+        specialization's promises (for comparisons and debugging)."""
         from .prefill import PrefillPlan
 
         return PrefillPlan(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_kv=max_seqlen_kv)
+                           max_seqlen_kv=max_seqlen_kv, specialize=specialize)
 
     def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None) -> None:
         """Attention forward over dense [B, S, H, D] tensors (any strides, head dim contiguous) into out (and lse)."""
@@ -161,34 +164,80 @@ class Runtime:
             self.plans[key] = plan
 
 
-def load(*sources: str | Path, cache: bool = False, check_arch: bool = True) -> Runtime:
-    """Load bundles (paths) into a Runtime; with no path, the bundles on AOTC_BUNDLE_PATH.
+def load(*sources: str | Path, cache: bool | None = None, installed: bool | None = None,
+         check_arch: bool = True) -> Runtime:
+    """Load bundles into a Runtime.
 
-    cache=True adds every verified entry of the local cache (AOTC_CACHE_DIR).
-    Every artifact's sha256 is checked on load; cubins are loaded into the
-    driver lazily, on first launch.
+    With paths: those bundles (plus the cache when cache=True, installed
+    bundles when installed=True). With no path, everything this machine has,
+    in this order of preference (a variant found twice with different bytes is
+    served from the first place):
+
+    1. the bundles on AOTC_BUNDLE_PATH (files, or directories of *.aotc);
+    2. installed bundles: every ``aotc.bundles`` entry point of an installed
+       distribution (``aotc bundle wheel`` makes such wheels);
+    3. every verified entry of the local cache (AOTC_CACHE_DIR).
+
+    cache=False / installed=False leave those out. Every artifact's sha256 is
+    checked on load; cubins go into the driver lazily, on first launch, so
+    loading needs no GPU. Raises BundleError for an unreadable bundle (a broken
+    installed one names its entry point) and RuntimeLoadError when nothing is
+    found.
     """
-    from ..bundle import default_bundle_files, read_bundle
+    from ..bundle import discover_bundles, read_bundle
+    from ..errors import BundleError
 
     t0 = time.perf_counter()
-    paths = [Path(s) for s in sources] or default_bundle_files()
+    if sources:
+        found = [(Path(s), str(s)) for s in sources]
+        use_cache, use_installed = bool(cache), bool(installed)
+        if use_installed:
+            found += _installed(discover_bundles(env=False, installed=True))
+    else:
+        use_cache = cache is not False
+        found = _installed(discover_bundles(env=True, installed=installed is not False))
     artifacts: list[Artifact] = []
-    for p in paths:
-        artifacts.extend(read_bundle(p, check_arch=check_arch).artifacts)
-    names = [str(p) for p in paths]
-    if cache:
+    names = []
+    for p, origin in found:
+        try:
+            artifacts.extend(read_bundle(p, check_arch=check_arch).artifacts)
+        except BundleError as e:
+            if origin != str(p) and origin not in str(e):
+                e.args = (f"{e.args[0]} (found through {origin})",) + e.args[1:]
+            raise
+        names.append(str(p))
+    if use_cache:
         from ..cache import Cache
 
         c = Cache()
+        n = len(artifacts)
         for key in c.keys():
             art = c.load(key, count=False)
             if art is not None:
                 artifacts.append(art)
-        names.append(str(c.root))
+        if len(artifacts) > n:
+            names.append(str(c.root))
     if not artifacts:
-        raise RuntimeLoadError("no kernels to load: no bundle given, none on AOTC_BUNDLE_PATH"
-                               + ("" if cache else ", and cache=False"),
-                               hint="aotc.runtime.load('artifacts/default.aotc') after `make build`")
+        where = ("the given bundles hold none" if sources else
+                 "nothing on AOTC_BUNDLE_PATH, no installed aotc.bundles entry point")
+        raise RuntimeLoadError(f"no kernels to load: {where}" + ("" if use_cache else ", and cache=False")
+                               + (", and an empty cache" if use_cache else ""),
+                               hint="aotc.runtime.load('artifacts/default.aotc') after `make build`, set "
+                                    "AOTC_BUNDLE_PATH, or pip install a wheel made by `aotc bundle wheel`")
     rt = Runtime(artifacts, names)
     rt.load_seconds = time.perf_counter() - t0
     return rt
+
+
+def _installed(found) -> list[tuple[Path, str]]:
+    """(path, origin) pairs; a discovery problem is raised as a BundleError naming its origin."""
+    from ..errors import BundleError
+
+    out = []
+    for f in found:
+        if f.error or f.path is None:
+            raise BundleError(f"bundle from {f.origin}: {f.error}",
+                              hint="reinstall or uninstall that distribution, or load bundles by path "
+                                   "(aotc.runtime.load(PATH), or installed=False)")
+        out.append((f.path, f.origin))
+    return out

@@ -27,7 +27,7 @@ MAX_GRID_YZ = 65535
 class PrefillPlan:
     def __init__(self, runtime, q, k, v, out, lse=None, *, causal: bool = False, softmax_scale: float | None = None,
                  cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
-                 max_seqlen_kv: int | None = None):
+                 max_seqlen_kv: int | None = None, specialize: bool = True):
         ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
         t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
         ls = None if lse is None else as_tensor(lse, "lse")
@@ -43,7 +43,8 @@ class PrefillPlan:
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        packed = (not ragged and all(V.is_packed(x) for x in t.values()) and (ls is None or V.is_packed(ls)))
+        packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
+                  and (ls is None or V.is_packed(ls)))
         wanted = {"dtype": dtype, "head_dim": head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
         kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
                                 + [{**wanted, "strides": "general"}])
