@@ -10,7 +10,12 @@ __version__ = "0.1.0"
 
 
 def load(*sources, **kwargs):
-    """Load bundles (paths) or, with no argument, the default bundle search path; see aotc.runtime.load."""
+    """Load bundles into an aotc.runtime.Runtime: the given paths, or with no argument everything found here.
+
+    No argument: the bundles on AOTC_BUNDLE_PATH, then installed bundle wheels
+    (``aotc.bundles`` entry points, see ``aotc bundle wheel``), then the local
+    cache. Keyword arguments (cache, installed, check_arch) as in aotc.runtime.load.
+    """
     from .runtime import load as _load
 
     return _load(*sources, **kwargs)

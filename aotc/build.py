@@ -1,4 +1,4 @@
-"""Build variants into the cache, in a process pool; one failing variant never stops the others."""
+"""Build variants into the cache, in a process pool or on a distributed executor; one failing variant never stops the others."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -61,8 +61,19 @@ def _compile_into_cache(variant_json: dict, key: str, root: str, lock_dir: str, 
 
 def build(variants: Iterable[Variant], *, cache: Cache | None = None, jobs: int = 1, offline: bool = False,
           build_command: str = "aotc build SPEC",
-          progress: Callable[[VariantResult], None] | None = None) -> BuildReport:
-    """Make every variant present in the cache. Offline: a miss raises MissingArtifactsError naming them all."""
+          progress: Callable[[VariantResult], None] | None = None,
+          executor: cf.Executor | None = None, shared_cache: bool = True) -> BuildReport:
+    """Make every variant present in the cache and return a report (one result per variant, in order).
+
+    jobs > 1 compiles in a pool of spawned processes. `executor` (any
+    concurrent.futures.Executor, e.g. a Dask client's ``get_executor()``) runs
+    each compile as :func:`aotc.executors.compile_task` instead: with
+    shared_cache the workers fill this cache's root and lock directory; without
+    it they fill their own caches and the artifacts come back and are committed
+    here after their sha256 is checked. Offline: a miss raises
+    MissingArtifactsError naming every missing variant. A variant's failure
+    (compile error, crash, lost worker) is its result, never the build's end.
+    """
     t0 = time.perf_counter()
     cache = cache or Cache()
     variants = list(dict.fromkeys(variants))
@@ -91,7 +102,26 @@ def build(variants: Iterable[Variant], *, cache: Cache | None = None, jobs: int 
         if progress:
             progress(results[v])
 
-    if todo and jobs > 1:
+    if todo and executor is not None:
+        from .executors import compile_task
+
+        root, lock_dir = (str(cache.root), str(cache.lock_dir)) if shared_cache else (None, None)
+        futures = {executor.submit(compile_task, v.to_json(), key, root, lock_dir,
+                                   cache.lock_timeout if shared_cache else None): (v, key) for v, key in todo}
+        for fut in cf.as_completed(futures):
+            v, key = futures[fut]
+            try:
+                out = fut.result()
+                status, seconds, error = out["status"], float(out["seconds"]), out["error"]
+                if status != "failed" and cache.load(key, v, count=False) is None:
+                    art = Artifact.from_header(out["header"], out["cubin"])  # checks size and sha256
+                    if art.key != key or art.variant != v:
+                        raise ValueError(f"worker sent {art.variant.name} under key {art.key[:12]}")
+                    cache.fill(key, v, lambda art=art: art)
+            except Exception as e:  # the task raised, the worker was lost, or what came back is wrong
+                status, seconds, error = "failed", 0.0, f"executor task failed: {type(e).__name__}: {e}"
+            finish(v, key, status, seconds, error)
+    elif todo and jobs > 1:
         ctx = multiprocessing.get_context("spawn")  # the DSL's native state does not survive fork well
         with cf.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
             futures = {pool.submit(_compile_into_cache, v.to_json(), key, str(cache.root), str(cache.lock_dir),

@@ -25,7 +25,7 @@ from typing import Iterable
 from . import __version__, config
 from .artifact import Artifact
 from .cache import atomic_write
-from .errors import BundleError, VersionSkewError
+from .errors import AotcError, BundleError, VersionSkewError
 from .versions import producer_versions
 
 FORMAT = "aotc-bundle"
@@ -227,7 +227,12 @@ def _read_member(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
     return data
 
 
-def merge_bundles(paths: Iterable[str | Path], out: str | Path) -> dict:
+def merge_bundles(paths: Iterable[str | Path], out: str | Path, *, expect=None) -> dict:
+    """Join bundles into `out` (atomically); returns the manifest.
+
+    The same variant in two inputs must have the same sha256. `expect` (variants,
+    e.g. a spec's): refuse, writing nothing, unless every one of them is present.
+    """
     arts: dict[str, Artifact] = {}
     for p in paths:
         for a in read_bundle(p).artifacts:
@@ -236,7 +241,19 @@ def merge_bundles(paths: Iterable[str | Path], out: str | Path) -> dict:
                 raise BundleError(f"{a.variant.name} differs between bundles (sha256 {prev.sha256[:12]} vs {a.sha256[:12]}) "
                                   f"in {p}", hint="merge only bundles built by the same aotc and DSL versions")
             arts[a.variant.name] = a
+    if expect is not None:
+        missing = sorted({v.name for v in expect} - set(arts))
+        if missing:
+            shown = "\n  ".join(missing[:20]) + (f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else "")
+            raise IncompleteError(f"the inputs lack {len(missing)} variant(s) of the spec; {out} not written:\n  {shown}",
+                                  hint="a shard failed or is missing: rerun its `aotc build --shard I/N` job")
     return write_bundle(out, arts.values())
+
+
+class IncompleteError(AotcError):
+    """A merge that misses variants it was told to expect (exit code 1: a check failed)."""
+
+    exit_code = 1
 
 
 def install_bundle(path: str | Path, cache) -> int:
@@ -279,3 +296,69 @@ def default_bundle_files() -> list[Path]:
             found.append(p)
     return found
 
+
+ENTRY_POINT_GROUP = "aotc.bundles"
+
+
+@dataclass
+class FoundBundle:
+    """A bundle discovered on this machine: its path, where it was found, and what went wrong finding it."""
+
+    path: Path | None
+    origin: str  # "AOTC_BUNDLE_PATH", or "entry point NAME (DIST VERSION)"
+    error: str = ""
+
+
+def installed_bundles() -> list[FoundBundle]:
+    """Bundles that installed distributions declare in the `aotc.bundles` entry-point group.
+
+    An entry point names an object (``pkg:bundle_path``); a callable is called.
+    It gives a path or a list of paths (str or os.PathLike). A wheel made by
+    ``aotc bundle wheel`` declares one. Problems (import error, missing file) are
+    reported in FoundBundle.error, never raised here.
+    """
+    import importlib.metadata as md
+    import os
+
+    out: list[FoundBundle] = []
+    try:
+        eps = md.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception as e:  # a broken metadata directory on sys.path
+        return [FoundBundle(None, f"entry points {ENTRY_POINT_GROUP}", f"{type(e).__name__}: {e}")]
+    seen: set[tuple[str, str]] = set()
+    for ep in sorted(eps, key=lambda e: (e.name, e.value)):
+        if (ep.name, ep.value) in seen:
+            continue
+        seen.add((ep.name, ep.value))
+        dist = getattr(ep, "dist", None)
+        origin = f"entry point {ep.name} = {ep.value}" + (f" ({dist.name} {dist.version})" if dist is not None else "")
+        try:
+            obj = ep.load()
+            value = obj() if callable(obj) else obj
+            values = [value] if isinstance(value, (str, os.PathLike)) else list(value)
+        except Exception as e:
+            out.append(FoundBundle(None, origin, f"{type(e).__name__}: {e}"))
+            continue
+        for v in values:
+            try:
+                p = Path(v)
+            except TypeError:
+                out.append(FoundBundle(None, origin, f"gave {v!r}, not a path"))
+                continue
+            out.append(FoundBundle(p, origin, "" if p.is_file() else f"{p}: no such file"))
+    return out
+
+
+def discover_bundles(*, env: bool = True, installed: bool = True) -> list[FoundBundle]:
+    """AOTC_BUNDLE_PATH bundles first, then installed ones; one entry per file."""
+    found = [FoundBundle(p, "AOTC_BUNDLE_PATH") for p in default_bundle_files()] if env else []
+    if installed:
+        found += installed_bundles()
+    out, seen = [], set()
+    for f in found:
+        ident = None if f.path is None else str(f.path.resolve())
+        if ident is not None and ident in seen:
+            continue
+        seen.add(ident)
+        out.append(f)
+    return out

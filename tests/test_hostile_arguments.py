@@ -290,7 +290,7 @@ def p_overlap(case: Case):
     other = r.pick(case.names(lambda t: t is not case.t[oname]))
     t = case.t[other]
     lo, hi = span(t) or (t.ptr, t.ptr + 16)
-    case.t[oname].ptr = min(r.int(lo, max(lo, hi - 1)), 2**64 - 16) // 16 * 16
+    case.t[oname].ptr = max(0, min(r.int(lo, max(lo, hi - 1)), 2**64 - 16)) // 16 * 16  # a valid address
     case.touch(f"overlap {oname} onto {other}", oname, other, *OUTPUTS)  # may now overlap the other output too
 
 

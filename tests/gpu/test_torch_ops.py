@@ -1,0 +1,108 @@
+"""aotc.torch custom ops on the GPU: inside torch.compile and a CUDA graph, checked against torch SDPA."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common import check_close
+
+pytestmark = pytest.mark.gpu
+
+TOL = (2e-2, 2e-2)  # bf16
+
+
+@pytest.fixture(scope="module")
+def ops(rt):
+    import aotc.torch
+
+    aotc.torch.set_runtime(rt)
+    yield aotc.torch
+    aotc.torch.set_runtime(None)
+
+
+def sdpa(q, k, v, causal):
+    """torch SDPA on [B, S, H, D] tensors (bottom-right causal mask built explicitly for S_q != S_kv)."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    S_q, S_kv = q.shape[1], k.shape[1]
+    mask = None
+    if causal:
+        mask = torch.arange(S_kv, device=q.device)[None, :] <= torch.arange(S_q, device=q.device)[:, None] + (S_kv - S_q)
+    out = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), attn_mask=mask,
+                                         enable_gqa=k.shape[2] != q.shape[2])
+    return out.transpose(1, 2)
+
+
+def test_prefill_op_in_torch_compile(ops):
+    q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 500, 2, 128, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+
+    @torch.compile(fullgraph=True)
+    def layer(q, k, v):
+        out, lse = torch.ops.aotc.prefill(q, k, v, True, None)
+        return out * 2.0, lse
+
+    out, lse = layer(q, k, v)
+    torch.cuda.synchronize()
+    check_close(out / 2.0, sdpa(q, k, v, True), TOL, "torch.compile prefill")
+    assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32 and torch.isfinite(lse).all()
+
+
+def test_prefill_op_in_cuda_graph_with_changed_inputs(ops):
+    q = torch.randn(1, 256, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 256, 4, 64, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    ops.prefill(q, k, v, causal=False)  # warm-up outside capture: loads the kernel, prepares the plan
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = ops.prefill(q, k, v, causal=False)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q)), k.copy_(torch.randn_like(k)), v.copy_(torch.randn_like(v))
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(out, sdpa(q, k, v, False), TOL, "graph replay prefill")
+
+
+def test_decode_op_in_torch_compile_and_cuda_graph(ops):
+    B, H_q, H_kv, D, page, L = 4, 32, 8, 128, 16, 1000
+    n = math.ceil(L / page)
+    k_cache = torch.randn(B * n, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    page_table = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+    seqlens = torch.tensor([L, 1, 513, 700], dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+
+    def reference():
+        outs = []
+        for b in range(B):
+            pages = page_table[b].long()
+            kd = k_cache[pages].reshape(-1, H_kv, D)[: int(seqlens[b])][None]
+            vd = v_cache[pages].reshape(-1, H_kv, D)[: int(seqlens[b])][None]
+            outs.append(sdpa(q[b:b + 1], kd, vd, True))
+        return torch.cat(outs)
+
+    @torch.compile(fullgraph=True)
+    def step(q):
+        out, _ = torch.ops.aotc.decode(q, k_cache, v_cache, seqlens, page_table, ws, L, "NHD", 4, None)
+        return out
+
+    out = step(q)
+    torch.cuda.synchronize()
+    check_close(out, reference(), TOL, "torch.compile decode")
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, _ = ops.decode(q, k_cache, v_cache, seqlens, page_table, max_seqlen_kv=L, workspace=ws, num_splits=4)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        seqlens.copy_(torch.randint(1, L + 1, (B,), dtype=torch.int32))
+        g_out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(g_out, reference(), TOL, "graph replay decode")
