@@ -194,7 +194,8 @@ def markdown(rtj, pre, build, cold, dec=None) -> str:
                   f"- fresh process, import aotc.runtime + read + verify the bundle: "
                   f"{build['bundle_load_s (fresh process: import aotc.runtime + read + verify)']:.3f} s",
                   f"- fresh process, import CuTe DSL + cute.compile one variant (the JIT path): "
-                  f"{build['jit_first_compile_s (fresh process: import DSL + cute.compile one variant)']:.2f} s",
+                  f"{build['jit_first_compile_s (fresh process: import DSL + cute.compile one variant)']:.2f} s"
+                  + "".join(f"; {f}: {j['seconds']:.1f} s" for f, j in build.get("jit_first_compile_s_per_family", {}).items()),
                   f"- RSS added: import aotc.runtime {build['rss_import_aotc_runtime_bytes'] / 2**20:.1f} MiB, "
                   f"+ load bundle {build['rss_import_and_load_bundle_bytes'] / 2**20:.1f} MiB, against import cutlass "
                   f"{build['rss_import_cutlass_dsl_bytes'] / 2**20:.1f} MiB "
