@@ -16,6 +16,7 @@ EM_CUDA = 190
 # .nv.info attribute ids (EIATTR_*) we read
 _EIATTR_KPARAM_INFO = 0x17
 _EIATTR_REGCOUNT = 0x2F
+_EIATTR_FRAME_SIZE = 0x11  # per-thread stack frame: > 0 means local memory (register spills, local arrays)
 _EIATTR_MAX_THREADS = 0x10
 _EIATTR_CBANK_PARAM_SIZE = 0x19
 # .nv.info record formats: (format byte) -> how the value is stored
@@ -32,6 +33,7 @@ class KernelInfo:
     params: list[tuple[int, int]] = field(default_factory=list)  # (offset, size) by ordinal
     param_bytes: int | None = None
     registers: int | None = None
+    frame_bytes: int = 0
     static_smem: int = 0
     max_threads: tuple[int, int, int] | None = None
 
@@ -111,7 +113,7 @@ def _parse(data: bytes) -> CubinInfo:
         info = named.get(f".nv.info.{kname}")
         if info is not None:
             _read_nv_info(data[info[2]:info[2] + info[3]], k)
-    # register counts live in the global .nv.info, keyed by symbol index
+    # register counts and stack frames live in the global .nv.info, keyed by symbol index
     symtab, glob = named.get(".symtab"), named.get(".nv.info")
     if symtab is not None and glob is not None:
         strtab_off = sections[symtab[4]][2]
@@ -121,14 +123,19 @@ def _parse(data: bytes) -> CubinInfo:
             end = data.index(b"\0", strtab_off + st_name)
             by_index[i] = data[strtab_off + st_name:end].decode("ascii", "replace")
         regs: dict[int, int] = {}
-        _read_nv_info(data[glob[2]:glob[2] + glob[3]], KernelInfo("<global>"), regs)
+        frames: dict[int, int] = {}
+        _read_nv_info(data[glob[2]:glob[2] + glob[3]], KernelInfo("<global>"), regs, frames)
         for idx, count in regs.items():
             if by_index.get(idx) in kernels:
                 kernels[by_index[idx]].registers = count
+        for idx, size in frames.items():
+            if by_index.get(idx) in kernels:
+                kernels[by_index[idx]].frame_bytes = size
     return CubinInfo(arch_of(e_flags, abi_version), kernels)
 
 
-def _read_nv_info(blob: bytes, k: KernelInfo, regs: dict[int, int] | None = None) -> None:
+def _read_nv_info(blob: bytes, k: KernelInfo, regs: dict[int, int] | None = None,
+                  frames: dict[int, int] | None = None) -> None:
     pos, params = 0, {}
     while pos + 2 <= len(blob):
         fmt, attr = blob[pos], blob[pos + 1]
@@ -147,6 +154,9 @@ def _read_nv_info(blob: bytes, k: KernelInfo, regs: dict[int, int] | None = None
         elif attr == _EIATTR_REGCOUNT and len(payload) >= 8 and regs is not None:
             sym, count = struct.unpack_from("<II", payload)
             regs[sym] = count
+        elif attr == _EIATTR_FRAME_SIZE and len(payload) >= 8 and frames is not None:
+            sym, size = struct.unpack_from("<II", payload)
+            frames[sym] = max(size, frames.get(sym, 0))
         elif attr == _EIATTR_CBANK_PARAM_SIZE:
             k.param_bytes = struct.unpack_from("<H", payload)[0]
         elif attr == _EIATTR_MAX_THREADS and len(payload) >= 12:

@@ -65,8 +65,6 @@ helpers are @cute.jit functions taking a namespace (no closures over staged valu
 comes from SmemAllocator inside the kernel; ptxas runs at -O3, or -O2 / -O1 when -O3 spills.
 """
 import math
-import os
-import struct
 from types import SimpleNamespace
 
 import cutlass
@@ -78,6 +76,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
+from ._compile import compile_least_spilling
 
 _DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
@@ -90,7 +89,6 @@ _THREADS = 128
 _WARPS = 4
 _ROWS = 16        # rows of the CTA tile: one m16 MMA tile
 _ACC_PAD = 8      # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
-_PTXAS_LEVELS = ("-O3", "-O2", "-O1")
 
 # keys per warp per block (KW) and ring slots per head dim, by smem class of the arch:
 #   big   sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs per SM
@@ -788,31 +786,6 @@ def _check_params() -> None:
         raise RuntimeError(f"sdpa_decode PARAMS changed ({kinds}); update aotc/kernels/sdpa_decode.py")
 
 
-def frame_bytes(cubin: bytes) -> int:
-    """The largest per-thread stack frame (EIATTR_FRAME_SIZE) in the cubin: > 0 means local
-    memory, i.e. register spills (the kernel has no local arrays of its own)."""
-    e_shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-    names_off = secs[e_shstrndx][4]
-    frame = 0
-    for name_off, _typ, _flags, _addr, off, size, *_ in secs:
-        name = cubin[names_off + name_off:cubin.index(b"\0", names_off + name_off)]
-        if not name.startswith(b".nv.info"):
-            continue
-        blob, pos = cubin[off:off + size], 0
-        while pos + 4 <= len(blob):
-            fmt, attr = blob[pos], blob[pos + 1]
-            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
-                (n,) = struct.unpack_from("<H", blob, pos + 2)
-                payload, pos = blob[pos + 4:pos + 4 + n], pos + 4 + n
-            else:
-                payload, pos = blob[pos + 2:pos + 4], pos + 4
-            if attr == 0x11 and len(payload) >= 8:  # EIATTR_FRAME_SIZE: (symbol, bytes)
-                frame = max(frame, struct.unpack_from("<I", payload, 4)[0])
-    return frame
-
-
 def _compile(variant, dump_dir: str, keep_ptx: bool):
     _check_params()
     if variant.family != "sdpa_decode":
@@ -820,26 +793,9 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     dtype = _DTYPES[variant["dtype"]]
     head_dim = int(variant["head_dim"])
     page = page_size_of(variant["kv"])
-    best = None
-    for level in _PTXAS_LEVELS:
-        # cute.compile writes files named after the host function: one dump_dir per compile
-        sub = os.path.join(dump_dir, f"ptxas{level}")
-        os.makedirs(sub, exist_ok=True)
-        opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={sub} --ptxas-options={level}"
-        if keep_ptx:
-            opts += " --keep-ptx"
-        host = _build(dtype, head_dim, page, variant.arch)
-        compiled = cute.compile(host, *_placeholders(dtype), options=opts)
-        symbols = list(compiled.kernel_info)
-        if len(symbols) != 1:
-            raise RuntimeError(f"expected one kernel in the module, got {symbols}")
-        cubin = bytes(compiled.__cubin__)
-        frame = frame_bytes(cubin)
-        if best is None or frame < best[3]:
-            best = (compiled, cubin, str(symbols[0]), frame, level)
-        if frame == 0:
-            break
-    return best
+    return compile_least_spilling(
+        lambda: _build(dtype, head_dim, page, variant.arch),
+        _placeholders(dtype), variant.arch, dump_dir, keep_ptx)
 
 
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:

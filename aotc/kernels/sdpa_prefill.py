@@ -51,8 +51,6 @@ loop-invariant addresses into registers for the whole loop), and ptxas runs at -
 -O2 or -O1 where -O3 needs local memory (chosen by reading the cubin's frame size).
 """
 import math
-import os
-import struct
 from types import SimpleNamespace
 
 import cutlass
@@ -64,6 +62,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill import PARAMS, TILES
+from ._compile import compile_least_spilling
 
 _DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
@@ -76,7 +75,6 @@ _ATOM_COLS = 64  # columns of the smem swizzle atom (128 bytes)
 # ptxas optimization levels tried in order: the first whose cubin has no stack frame (no
 # register spills) wins, else the one with the smallest frame. -O3 is ptxas' default; at 255
 # registers its load hoisting sometimes spills a few values where -O2/-O1 does not.
-_PTXAS_LEVELS = ("-O3", "-O2", "-O1")
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -713,31 +711,6 @@ def _check_params() -> None:
         raise RuntimeError(f"sdpa_prefill PARAMS changed ({kinds}); update aotc/kernels/sdpa_prefill.py")
 
 
-def frame_bytes(cubin: bytes) -> int:
-    """The largest per-thread stack frame (EIATTR_FRAME_SIZE) in the cubin: > 0 means local
-    memory, i.e. register spills (the kernel has no local arrays of its own)."""
-    e_shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, e_shoff + i * e_shentsize) for i in range(e_shnum)]
-    names_off = secs[e_shstrndx][4]
-    frame = 0
-    for name_off, _typ, _flags, _addr, off, size, *_ in secs:
-        name = cubin[names_off + name_off:cubin.index(b"\0", names_off + name_off)]
-        if not name.startswith(b".nv.info"):
-            continue
-        blob, pos = cubin[off:off + size], 0
-        while pos + 4 <= len(blob):
-            fmt, attr = blob[pos], blob[pos + 1]
-            if fmt == 0x04:  # EIFMT_SVAL: u16 size + payload
-                (n,) = struct.unpack_from("<H", blob, pos + 2)
-                payload, pos = blob[pos + 4:pos + 4 + n], pos + 4 + n
-            else:
-                payload, pos = blob[pos + 2:pos + 4], pos + 4
-            if attr == 0x11 and len(payload) >= 8:  # EIATTR_FRAME_SIZE: (symbol, bytes)
-                frame = max(frame, struct.unpack_from("<I", payload, 4)[0])
-    return frame
-
-
 def _compile(variant, dump_dir: str, keep_ptx: bool):
     _check_params()
     if variant.family != "sdpa_prefill":
@@ -749,26 +722,9 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     packed = variant["strides"] == "packed"
     if ragged and packed:
         raise ValueError(f"{variant.name}: the packed specialization is for dense layouts")
-    best = None
-    for i, level in enumerate(_PTXAS_LEVELS):
-        # cute.compile writes files named after the host function: one dump_dir per compile
-        sub = os.path.join(dump_dir, f"ptxas{level}")
-        os.makedirs(sub, exist_ok=True)
-        opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={sub} --ptxas-options={level}"
-        if keep_ptx:
-            opts += " --keep-ptx"
-        host = _build(dtype, head_dim, ragged, causal, packed)
-        compiled = cute.compile(host, *_placeholders(dtype), options=opts)
-        symbols = list(compiled.kernel_info)
-        if len(symbols) != 1:
-            raise RuntimeError(f"expected one kernel in the module, got {symbols}")
-        cubin = bytes(compiled.__cubin__)
-        frame = frame_bytes(cubin)
-        if best is None or frame < best[3]:
-            best = (compiled, cubin, str(symbols[0]), frame, level)
-        if frame == 0:
-            break
-    return best
+    return compile_least_spilling(
+        lambda: _build(dtype, head_dim, ragged, causal, packed),
+        _placeholders(dtype), variant.arch, dump_dir, keep_ptx)
 
 
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ..abi import KernelABI
+from ..abi import KernelABI, layout_offsets
 from . import driver
 from .loader import LoadedKernel
 
@@ -19,41 +19,40 @@ _SLOT_TYPES = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_in
 
 class ParamBuffer:
     def __init__(self, abi: KernelABI):
-        offsets = abi.offsets()
-        total = offsets[-1] + abi.params[-1].size if abi.params else 0
+        offsets, total = layout_offsets(abi.params)
         self.buffer = ctypes.create_string_buffer(max(total, 1))
         base = ctypes.addressof(self.buffer)
         self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
         self.address = ctypes.addressof(self.pointers)
         self.slots = {}
+        self._descriptors = set()  # 128-byte TMA descriptors are written whole (.raw), scalars by .value
         for p, off in zip(abi.params, offsets):
             if p.kind == "tensormap":
                 self.slots[p.name] = (ctypes.c_char * 128).from_buffer(self.buffer, off)
+                self._descriptors.add(p.name)
             else:
                 self.slots[p.name] = _SLOT_TYPES[p.kind].from_buffer(self.buffer, off)
-
-    def set(self, name: str, value) -> None:
-        self.slots[name].value = value
-
-    def get(self, name: str):
-        return self.slots[name].value
 
     def update(self, values: dict) -> None:
         slots = self.slots
         for name, value in values.items():
-            slots[name].value = value
+            if name in self._descriptors:
+                slots[name].raw = bytes(value)
+            else:
+                slots[name].value = value
 
 
 class PreparedLaunch:
     """One kernel, grid and parameter buffer, ready to launch on any stream of the prepared device."""
 
-    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "_launch", "_params_addr")
+    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "_launch", "_params_addr")
 
     def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], device: int, values: dict):
         self.kernel = kernel
         self.device = device
         self.handle = kernel.ensure_loaded(device)
         self.grid = grid
+        self.empty = not (grid[0] and grid[1] and grid[2])  # nothing to compute: launches are skipped
         self.block = kernel.artifact.launch.block
         self.smem = kernel.artifact.launch.dynamic_smem
         self.params = ParamBuffer(kernel.artifact.abi)
@@ -64,10 +63,6 @@ class PreparedLaunch:
         self._params_addr = self.params.address
         self._launch = driver.Launcher(self.handle)
 
-    @property
-    def empty(self) -> bool:
-        return not (self.grid[0] and self.grid[1] and self.grid[2])
-
     def launch(self, stream: int = 0) -> None:
-        if self.grid[0] and self.grid[1] and self.grid[2]:
+        if not self.empty:
             self._launch(self.grid, self.block, self.smem, stream, self._params_addr)
