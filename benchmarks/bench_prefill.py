@@ -2,9 +2,13 @@
 
     python benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out benchmarks/results
 
+Two aotc columns: "aotc" is what the runtime dispatches to (the Hopper family sdpa_prefill_sm90 on
+an H100/H200 when the bundle holds it), "portable" the mma.sync family sdpa_prefill on the same tensors.
+
 Problem: 16k tokens in all, B = 16384 / S, H = 16, packed BSHD, bf16 (and fp16 for D128).
 Time: CUDA events around `reps` back-to-back launches, median of `trials`, after warm-up;
-an L2 flush (a 256 MB memset) before each trial. TFLOP/s = 4*B*H*S*S*D / t, halved when causal.
+an L2 flush (a 256 MB memset) before each trial; the contenders take turns for `--rounds`
+rounds and each reports the median of its rounds (spread: (max - min) / median over rounds). TFLOP/s = 4*B*H*S*S*D / t, halved when causal.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     args = ap.parse_args()
 
     import torch
@@ -58,8 +63,8 @@ def main() -> None:
     flush = flush_buf.zero_
     rows = []
     shapes = []
-    for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 8192, 16384)), (64, ("bf16",), (2048, 8192)),
-                            (256, ("bf16",), (2048, 8192))]:
+    for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 8192, 16384)), (64, ("bf16",), (2048, 8192, 16384)),
+                            (256, ("bf16",), (2048, 8192, 16384))]:
         for dtype in dtypes:
             for S in seqs:
                 for causal in (False, True):
@@ -73,31 +78,50 @@ def main() -> None:
         out = torch.empty_like(q)
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
         row = {"D": D, "dtype": dtype, "S": S, "B": B, "H": H, "causal": causal, "flops": flops}
-        try:
-            plan = rt.prepare_prefill(q, k, v, out, causal=causal)
-            stream = torch.cuda.current_stream().cuda_stream
-            ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-            ms, spread = bench(lambda: plan.run(*ptrs, 0, 0, 0, stream), flush)
-            row.update(aotc_ms=ms, aotc_tflops=flops / ms / 1e9, aotc_spread=spread, variant=plan.variant.name)
-            if D == 128 and dtype == "bf16":  # what the packed stride specialization buys, same tensors
-                general = rt.prepare_prefill(q, k, v, out, causal=causal, specialize=False)
-                gms, _ = bench(lambda: general.run(*ptrs, 0, 0, 0, stream), flush)
-                row.update(general_ms=gms, general_tflops=flops / gms / 1e9, packed_speedup=gms / ms,
-                           general_variant=general.variant.name)
-        except Exception as e:
-            row["aotc_error"] = f"{type(e).__name__}: {e}"
+        stream = torch.cuda.current_stream().cuda_stream
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # torch SDPA wants [B, H, S, D]
-        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        # contenders: "aotc" is what the runtime dispatches to (the Hopper family on an H100/H200 when
+        # the bundle has it), "portable" the mma.sync family on the same tensors, then torch's backends
+        contenders = {}
+        for label, family in (("aotc", "auto"), ("portable", "sdpa_prefill")):
             try:
-                def call():
-                    with sdpa_kernel(backend):
-                        F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                ms, spread = bench(call, flush)
-                row[f"{name}_ms"], row[f"{name}_tflops"] = ms, flops / ms / 1e9
-                if "aotc_ms" in row:
-                    row[f"x_{name}"] = row[f"{name}_ms"] / row["aotc_ms"]
+                plan = rt.prepare_prefill(q, k, v, out, causal=causal, family=family)
+                row["variant" if label == "aotc" else "portable_variant"] = plan.variant.name
+                contenders[label] = (lambda p=plan: p.run(*ptrs, 0, 0, 0, stream))
+                if label == "portable" and D == 128 and dtype == "bf16":
+                    # what the packed stride specialization buys, same tensors
+                    general = rt.prepare_prefill(q, k, v, out, causal=causal, specialize=False, family=family)
+                    row["general_variant"] = general.variant.name
+                    contenders["general"] = (lambda p=general: p.run(*ptrs, 0, 0, 0, stream))
+            except Exception as e:
+                row[f"{label}_error"] = f"{type(e).__name__}: {e}"
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def call(backend=backend):
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            try:
+                call()
+                contenders[name] = call
             except Exception as e:
                 row[f"{name}_error"] = f"{type(e).__name__}: {e}"
+        # interleaved rounds (each contender once per round, median of rounds): clock and thermal
+        # drift hits every contender alike instead of whichever ran last
+        samples = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name, fn in contenders.items():
+                samples[name].append(bench(fn, flush, trials=5)[0])
+        for name, ts in samples.items():
+            ms = statistics.median(ts)
+            row[f"{name}_ms"], row[f"{name}_tflops"] = ms, flops / ms / 1e9
+            row[f"{name}_spread"] = (max(ts) - min(ts)) / ms
+        for base in ("flash", "cudnn"):
+            if f"{base}_ms" in row:
+                for label in ("aotc", "portable"):
+                    if f"{label}_ms" in row:
+                        row[("" if label == "aotc" else "portable_") + f"x_{base}"] = row[f"{base}_ms"] / row[f"{label}_ms"]
+        if "general_ms" in row and "portable_ms" in row:
+            row["packed_speedup"] = row["general_ms"] / row["portable_ms"]
         rows.append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "flops"}),
               flush=True)
@@ -114,11 +138,13 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "prefill.json").write_text(json.dumps(result, indent=1))
-    print(f"{'D':>4} {'dt':>5} {'S':>6} {'causal':>6} {'aotc TF/s':>10} {'flash':>8} {'cudnn':>8} {'x flash':>8} {'x cudnn':>8}")
+    nan = float("nan")
+    print(f"{'D':>4} {'dt':>5} {'S':>6} {'causal':>6} {'aotc TF/s':>10} {'portable':>9} {'flash':>8} {'cudnn':>8} "
+          f"{'x cudnn':>8} {'port x flash':>12}")
     for r in rows:
-        print(f"{r['D']:>4} {r['dtype']:>5} {r['S']:>6} {str(r['causal']):>6} {r.get('aotc_tflops', float('nan')):>10.1f} "
-              f"{r.get('flash_tflops', float('nan')):>8.1f} {r.get('cudnn_tflops', float('nan')):>8.1f} "
-              f"{r.get('x_flash', float('nan')):>8.2f} {r.get('x_cudnn', float('nan')):>8.2f}")
+        print(f"{r['D']:>4} {r['dtype']:>5} {r['S']:>6} {str(r['causal']):>6} {r.get('aotc_tflops', nan):>10.1f} "
+              f"{r.get('portable_tflops', nan):>9.1f} {r.get('flash_tflops', nan):>8.1f} {r.get('cudnn_tflops', nan):>8.1f} "
+              f"{r.get('x_cudnn', nan):>8.2f} {r.get('portable_x_flash', nan):>12.2f}")
 
 
 if __name__ == "__main__":

@@ -85,4 +85,4 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_all() -> None:
-    from . import sdpa_combine, sdpa_decode, sdpa_prefill  # noqa: F401  (each registers itself)
+    from . import sdpa_combine, sdpa_decode, sdpa_prefill, sdpa_prefill_sm90  # noqa: F401  (each registers itself)

@@ -52,8 +52,8 @@ class Runtime:
 
         return driver.current_device()
 
-    def select(self, family: str, device: int, candidates: list[dict]):
-        """The first kernel matching a candidate field set (most specialized first), best arch first."""
+    def find(self, family: str, device: int, candidates: list[dict]):
+        """The first kernel matching a candidate field set (most specialized first), best arch first; or None."""
         from . import driver
 
         archs = driver.runnable_archs(driver.compute_capability(device))
@@ -64,6 +64,17 @@ class Runtime:
                     v = k.variant
                     if v.arch == arch and all(v.get(f) == val for f, val in want.items()):
                         return k
+        return None
+
+    def select(self, family: str, device: int, candidates: list[dict]):
+        """Like find(), but a missing kernel is a RuntimeLoadError naming what is loaded."""
+        from . import driver
+
+        k = self.find(family, device, candidates)
+        if k is not None:
+            return k
+        archs = driver.runnable_archs(driver.compute_capability(device))
+        pool = self.kernels.get(family, [])
         have = sorted({k.variant.name for k in pool})
         raise RuntimeLoadError(
             f"no loaded {family} kernel fits {candidates[-1]} on a device of compute capability "
@@ -92,31 +103,37 @@ class Runtime:
         combine(self, o_partial, lse_partial, out, lse, stream=stream)
 
     def prepare_prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, cu_seqlens_q=None,
-                        cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, specialize: bool = True):
+                        cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, specialize: bool = True,
+                        family: str = "auto"):
         """Validate once and return a PrefillPlan (dense, or ragged when cu_seqlens are given).
 
-        specialize=False uses the general-stride variant even when the tensors keep a
-        specialization's promises (for comparisons and debugging)."""
+        family: "auto" runs the Hopper family (sdpa_prefill_sm90) where the device, the bundle and
+        the tensors allow it and the portable one (sdpa_prefill) otherwise; naming one forces it.
+        specialize=False uses the portable family's general-stride variant even when the tensors
+        keep a specialization's promises (for comparisons and debugging)."""
         from .prefill import PrefillPlan
 
         return PrefillPlan(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_kv=max_seqlen_kv, specialize=specialize)
+                           max_seqlen_kv=max_seqlen_kv, specialize=specialize, family=family)
 
-    def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None) -> None:
-        """Attention forward over dense [B, S, H, D] tensors (any strides, head dim contiguous) into out (and lse)."""
+    def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
+                family: str = "auto") -> None:
+        """Attention forward over dense [B, S, H, D] tensors (any strides, head dim contiguous) into out (and lse).
+
+        family: "auto" (the Hopper family where it can run, else the portable one) or a family name."""
         from .prefill import prefill
 
-        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream)
+        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream, family=family)
 
     def prefill_ragged(self, q, k, v, out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, lse=None, *,
-                       causal=False, softmax_scale=None, stream=None) -> None:
+                       causal=False, softmax_scale=None, stream=None, family: str = "auto") -> None:
         """Attention forward over packed tokens [total, H, D] with int32 cu_seqlens [B + 1] on the device."""
         from .prefill import prefill
 
         prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                max_seqlen_kv=max_seqlen_kv)
+                max_seqlen_kv=max_seqlen_kv, family=family)
 
     def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, num_splits: int) -> int:
         """Workspace a decode with num_splits splits needs (0 for one split)."""

@@ -15,11 +15,15 @@ import math
 
 from ..errors import ArgumentError
 from ..families.sdpa_prefill import block_m
+from ..families.sdpa_prefill_sm90 import block_m as hopper_block_m
 from . import validate as V
+from .driver import multiprocessor_count
 from .launch import PreparedLaunch
 from .tensors import TensorArg, as_stream, as_tensor
+from .tma import DescriptorSlot, TiledRecipe
 
 FAMILY = "sdpa_prefill"
+HOPPER = "sdpa_prefill_sm90"
 DTYPES = ("fp16", "bf16")
 MAX_GRID_YZ = 65535
 
@@ -27,7 +31,7 @@ MAX_GRID_YZ = 65535
 class PrefillPlan:
     def __init__(self, runtime, q, k, v, out, lse=None, *, causal: bool = False, softmax_scale: float | None = None,
                  cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
-                 max_seqlen_kv: int | None = None, specialize: bool = True):
+                 max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto"):
         ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
         t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
         ls = None if lse is None else as_tensor(lse, "lse")
@@ -35,6 +39,8 @@ class PrefillPlan:
         cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
         if not isinstance(causal, bool):
             raise ArgumentError("causal", causal, "True or False")
+        if family not in ("auto", FAMILY, HOPPER):
+            raise ArgumentError("family", family, f"'auto', {FAMILY!r} or {HOPPER!r}")
         device = runtime.device()
         dims = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
         batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim = dims
@@ -43,16 +49,9 @@ class PrefillPlan:
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
-                  and (ls is None or V.is_packed(ls)))
         wanted = {"dtype": dtype, "head_dim": head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
-        kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
-                                + [{**wanted, "strides": "general"}])
-        self.variant = kernel.variant
         self.ragged = ragged
         self.has_lse = ls is not None
-        bm = block_m(head_dim)
-        grid = ((seqlen_q + bm - 1) // bm, heads_q, batch)
         q_, k_, v_, o_ = t["q"], t["k"], t["v"], t["out"]
         if ragged:  # [total, H, D]: no batch stride; LSE [H_q, total_q]
             sb = lambda x: 0  # noqa: E731
@@ -65,18 +64,57 @@ class PrefillPlan:
             sh = lambda x: x.strides[2]  # noqa: E731
             lse_strides = ls.strides if ls is not None else (0, 0, 0)
         values = {
-            "q": q_.ptr, "k": k_.ptr, "v": v_.ptr, "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
+            "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
             "cu_seqlens_q": 0 if cuq is None else cuq.ptr, "cu_seqlens_kv": 0 if cuk is None else cuk.ptr,
             "batch": batch, "seqlen_q": seqlen_q, "seqlen_kv": seqlen_kv, "heads_q": heads_q, "heads_kv": heads_kv,
             "write_lse": int(ls is not None), "softmax_scale": float(softmax_scale),
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
+            "o_stride_b": sb(o_), "o_stride_s": ss(o_), "o_stride_h": sh(o_),
         }
-        for name, x in (("q", q_), ("k", k_), ("v", v_), ("o", o_)):
-            values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = sb(x), ss(x), sh(x)
+
+        kernel = None
+        self.descriptors = None
+        if family != FAMILY:
+            kernel = runtime.find(HOPPER, device, [wanted])
+            refusal = None if kernel is not None else f"no loaded {HOPPER} kernel fits {wanted} on this device"
+            if kernel is not None:
+                recipes, refusal = hopper_recipes(kernel, t, ragged, dtype)
+            if refusal is not None:
+                if family == HOPPER:
+                    raise ArgumentError("family", family, f"a usable {HOPPER} kernel: {refusal}")
+                kernel = None
+            else:
+                self.descriptors = tuple(DescriptorSlot(recipes[n], t[n].ptr) for n in ("q", "k", "v"))
+                values.update({"tma_" + n: d.data for n, d in zip(("q", "k", "v"), self.descriptors)})
+                bm = hopper_block_m(head_dim)
+        if kernel is None:
+            packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
+                      and (ls is None or V.is_packed(ls)))
+            kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
+                                    + [{**wanted, "strides": "general"}])
+            values.update({"q": q_.ptr, "k": k_.ptr, "v": v_.ptr})
+            for name, x in (("q", q_), ("k", k_), ("v", v_)):
+                values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = sb(x), ss(x), sh(x)
+            bm = block_m(head_dim)
+        self.variant = kernel.variant
+        m_blocks = (seqlen_q + bm - 1) // bm
+        if self.descriptors is not None:
+            # persistent: one CTA per SM at most, each walks its share of the tiles (the next tile's
+            # loads overlap this one's epilogue)
+            tiles = m_blocks * heads_q * batch
+            if tiles >= 2**31:
+                raise ArgumentError("ceil(S_q / 128) * H_q * B", tiles, "below 2^31 (the kernel's tile count is 32-bit)")
+            grid = (min(tiles, multiprocessor_count(device)), 1, 1)
+        else:
+            grid = (m_blocks, heads_q, batch)
         self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)
         self.launcher = PreparedLaunch(kernel, grid, device, values)
         slots = self.launcher.params.slots
-        self._slots = tuple(slots[n] for n in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_kv"))
+        self._slots = tuple(slots[n] for n in ("o", "lse", "cu_seqlens_q", "cu_seqlens_kv"))
+        if self.descriptors is None:
+            self._in_slots = tuple(slots[n] for n in ("q", "k", "v"))
+        else:
+            self._in_slots = tuple(slots["tma_" + n] for n in ("q", "k", "v"))
 
     def run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, cu_seqlens_kv: int = 0,
             stream: int = 0) -> None:
@@ -90,15 +128,56 @@ class PrefillPlan:
             raise ArgumentError("lse", hex(lse), "a pointer" if self.has_lse else "0 (the plan writes no LSE)")
         if self.ragged and not (cu_seqlens_q and cu_seqlens_kv):
             raise ArgumentError("cu_seqlens", (hex(cu_seqlens_q), hex(cu_seqlens_kv)), "device pointers (ragged plan)")
+        i = self._in_slots
+        if self.descriptors is None:
+            i[0].value, i[1].value, i[2].value = q, k, v
+        else:  # TMA descriptors: re-encoded only for a changed pointer
+            for slot, desc, ptr in zip(i, self.descriptors, (q, k, v)):
+                data = desc.update(ptr)
+                if data is not None:
+                    slot.raw = data
         s = self._slots
-        s[0].value, s[1].value, s[2].value, s[3].value = q, k, v, out
-        s[4].value, s[5].value, s[6].value = lse, cu_seqlens_q, cu_seqlens_kv
+        s[0].value, s[1].value, s[2].value, s[3].value = out, lse, cu_seqlens_q, cu_seqlens_kv
         self.launcher.launch(stream)
 
     def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
         V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
         self.run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
                  0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+
+
+def hopper_recipes(kernel, t: dict, ragged: bool, dtype: str) -> tuple[dict | None, str | None]:
+    """TMA recipes for q, k, v from the kernel's recorded recipe, or (None, why the tensors don't fit)."""
+    tma = kernel.artifact.launch.extra.get("tma")
+    if not tma:
+        return None, f"{kernel.variant.name} records no TMA recipe"
+    rank = 3 if ragged else 4
+    if int(tma["rank"]) != rank:
+        return None, f"{kernel.variant.name} records rank {tma['rank']}, the layout needs {rank}"
+    elem = 2
+    recipes = {}
+    for name in ("q", "k", "v"):
+        x = t[name]
+        # TMA order: (D, S, H[, B]) innermost first; tensor axes (B, S, H, D) dense, (T, H, D) ragged
+        axes = (2, 0, 1) if ragged else (3, 1, 2, 0)
+        dims = tuple(max(1, x.shape[a]) for a in axes)  # an empty extent is never loaded, but must encode
+        strides = []
+        for a in axes[1:]:
+            if x.shape[a] <= 1:
+                strides.append(16)  # never stepped over: any legal stride
+                continue
+            b = x.strides[a] * elem
+            if b <= 0 or b % 16 or b >= 1 << 40:
+                return None, f"{name}.stride[{a}] = {x.strides[a]} elements is not a TMA stride (positive, 16-byte multiple, < 2^40 bytes)"
+            strides.append(b)
+        box = (int(tma["box_cols"]), int(tma["box_rows"][name])) + (1,) * (rank - 2)
+        r = TiledRecipe(dtype, dims, tuple(strides), box, int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))
+        try:
+            r.check(name)
+        except (ArgumentError, ValueError) as e:
+            return None, str(e)
+        recipes[name] = r
+    return recipes, None
 
 
 def _inputs(t: dict, cuq, cuk) -> dict:
@@ -165,7 +244,7 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
     V.dim(k, "k", ax_h + 1, "D", head_dim, "from q")
     for axis in range(len(q.shape)):
         V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
-    heads = runtime.field_values(FAMILY, "head_dim", device)
+    heads = runtime.field_values(FAMILY, "head_dim", device) | runtime.field_values(HOPPER, "head_dim", device)
     if head_dim not in heads:
         raise ArgumentError("q.shape[-1]", head_dim, f"a head dim the loaded kernels cover: {sorted(heads)}")
     if heads_kv == 0 or heads_q % heads_kv:
@@ -204,17 +283,19 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
 
 
 def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
-            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None) -> None:
+            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto") -> None:
     """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
     t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
     ls = None if lse is None else as_tensor(lse, "lse")
     cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
     cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
-    key = (FAMILY, runtime.device(), layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv),
+    key = (FAMILY, family, runtime.device(),
+           layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv),
            all(x.ptr % 16 == 0 for x in t.values()))
     plan = runtime.plans.get(key)
     if plan is None:
         plan = PrefillPlan(runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale,
-                           cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+                           cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+                           family=family)
         runtime.remember_plan(key, plan)
     plan.launch_records(t, ls, cuq, cuk, as_stream(stream))

@@ -10,11 +10,12 @@ mkdir -p "$LOGS"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 CS=${COMPUTE_SANITIZER:-compute-sanitizer}
 status=0
-for run in "memcheck all" "racecheck one" "synccheck one"; do
+for run in "memcheck all" "racecheck one" "synccheck one" "racecheck hopper" "synccheck hopper"; do
   set -- $run
-  $CS --tool "$1" --error-exitcode 3 --report-api-errors no python3 tests/gpu/sanitizer_cases.py "$2" >"$LOGS/sanitizer-$1.log" 2>&1
+  log="$LOGS/sanitizer-$1-$2.log"
+  $CS --tool "$1" --error-exitcode 3 --report-api-errors no python3 tests/gpu/sanitizer_cases.py "$2" >"$log" 2>&1
   rc=$?
-  echo "$1 ($2): exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer cases' "$LOGS/sanitizer-$1.log" | tr '\n' ' ')"
+  echo "$1 ($2): exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer cases' "$log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1
 done
 exit $status

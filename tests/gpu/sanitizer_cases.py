@@ -2,6 +2,7 @@
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_cases.py all
     ... --tool racecheck python3 tests/gpu/sanitizer_cases.py one
+    ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged
 
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so an access past a
 tensor's end is past an allocation's end, which memcheck reports.
@@ -42,33 +43,38 @@ def combine_cases():
                 launches += 1
 
 
-def prefill_cases():
+def prefill_cases(family):
+    """Edge shapes through one prefill family (forced, so the portable one runs on sm_90 too)."""
     global launches
-    variants = sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("sdpa_prefill", [])})
-    if mode != "all":
-        variants = [v for v in variants if v[1] == 128][:1]
-    for dtype, D in variants:
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["layout"], k.variant["causal"])
+                       for k in rt.kernels.get(family, [])})
+    if mode == "one":
+        variants = [v for v in variants if v[1] == 128 and v[3] and v[2] == "dense"][:1]
+    elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
+        picks = [(64, "dense", False), (128, "dense", True), (256, "ragged", False)]
+        variants = [next(v for v in variants if (v[1], v[2], v[3]) == p) for p in picks]
+    for dtype, D, layout, causal in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        for causal in (False, True) if mode == "all" else (True,):
+        if layout == "dense":
             for B, S_q, S_kv, H_q, H_kv in ((1, 1, 1, 1, 1), (2, 7, 1000, 4, 2), (1, 65, 65, 2, 2), (1, 3, 0, 2, 1),
-                                            (1, 130, 7, 2, 2)):
+                                            (1, 130, 7, 2, 2), (2, 300, 300, 2, 1)):
                 q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
                 k = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
                 v = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
                 out = torch.empty_like(q)
                 lse = torch.empty(B, H_q, S_q, device="cuda")
-                rt.prefill(q, k, v, out, lse, causal=causal)
+                rt.prefill(q, k, v, out, lse, causal=causal, family=family)
                 launches += 1
-            if mode == "all":
-                lq, lkv = [5, 0, 70], [9, 3, 1]
-                cu_q = torch.tensor([0, 5, 5, 75], dtype=torch.int32, device="cuda")
-                cu_kv = torch.tensor([0, 9, 12, 13], dtype=torch.int32, device="cuda")
-                q = torch.randn(sum(lq), 4, D, device="cuda", dtype=t)
-                k = torch.randn(sum(lkv), 2, D, device="cuda", dtype=t)
-                out = torch.empty_like(q)
-                lse = torch.empty(4, sum(lq), device="cuda")
-                rt.prefill_ragged(q, k, k, out, cu_q, cu_kv, max(lq), max(lkv), lse, causal=causal)
-                launches += 1
+        else:
+            lq, lkv = [5, 0, 70, 200], [9, 3, 1, 300]
+            cu_q = torch.tensor([0, 5, 5, 75, 275], dtype=torch.int32, device="cuda")
+            cu_kv = torch.tensor([0, 9, 12, 13, 313], dtype=torch.int32, device="cuda")
+            q = torch.randn(sum(lq), 4, D, device="cuda", dtype=t)
+            k = torch.randn(sum(lkv), 2, D, device="cuda", dtype=t)
+            out = torch.empty_like(q)
+            lse = torch.empty(4, sum(lq), device="cuda")
+            rt.prefill_ragged(q, k, k, out, cu_q, cu_kv, max(lq), max(lkv), lse, causal=causal, family=family)
+            launches += 1
 
 
 def decode_cases():
@@ -101,8 +107,12 @@ def decode_cases():
             launches += 2 if splits > 1 else 1
 
 
-combine_cases()
-prefill_cases()
-decode_cases()
+if mode == "hopper":
+    prefill_cases("sdpa_prefill_sm90")
+else:
+    combine_cases()
+    prefill_cases("sdpa_prefill")
+    prefill_cases("sdpa_prefill_sm90")
+    decode_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")

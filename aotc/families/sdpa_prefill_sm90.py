@@ -1,0 +1,94 @@
+"""sdpa_prefill_sm90: Hopper flash-attention forward (TMA + wgmma, warp-specialized; sm_90a only).
+
+Same feature surface as sdpa_prefill (see aotc.families.sdpa_prefill for the tensor shapes,
+the bottom-right causal convention, GQA and the LSE layout); the same runtime API dispatches
+to this family on sm_90 devices when the bundle holds a matching variant.
+
+Q, K and V reach the kernel as TMA descriptors (``GridConstant[TensorMap]``, 128 bytes each),
+encoded by the runtime with cuTensorMapEncodeTiled from the recipe below and the caller's
+pointers and strides:
+
+  dense:  rank 4, dims (D, S, H, B), byte strides (s, h, b) * 2
+  ragged: rank 3, dims (D, total_tokens, H), byte strides (s, h) * 2
+  box (64, rows, 1[, 1]): 64 head-dim elements (128 bytes, the 128-byte swizzle span) by
+  `rows` tokens (64 for Q: one box per consumer warpgroup; block_n for K and V); 128-byte
+  swizzle, no interleave, L2 promotion 256 B, out-of-bounds elements read as zero.
+
+O and LSE are written with plain stores through their pointers and Int64 strides.
+
+Ragged sequences share one descriptor over all tokens, so the K/V rows of a tile past a
+sequence's end are the next sequence's tokens (zero only past the last token): they are
+masked out of the scores, and their P is 0, so finite data cannot leak; NaN or Inf in the
+padding tokens of *another* sequence would (0 * Inf), where the portable family zero-fills.
+"""
+from __future__ import annotations
+
+from ..abi import LaunchFacts, Param
+from ..variant import Variant
+from . import Family, Field, register
+
+# head dim -> (block_m, block_n, kv stages, ping-pong): per CTA, two consumer warpgroups of 64
+# query rows each and one producer warpgroup (3 x 128 threads). Chosen by measurement on the H200
+# (benchmarks/tune_prefill_sm90.py): block_n 176 for D128 spills at the 240-register budget; D64 runs
+# best at 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and D256, not D128.
+TILES = {64: (128, 128, 2, True), 128: (128, 128, 2, False), 256: (128, 80, 2, True)}
+THREADS = 384
+TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
+Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
+
+PARAMS: tuple[Param, ...] = (
+    Param("tma_q", "tensormap"), Param("tma_k", "tensormap"), Param("tma_v", "tensormap"),
+    Param("o", "ptr"), Param("lse", "ptr"), Param("cu_seqlens_q", "ptr"), Param("cu_seqlens_kv", "ptr"),
+    Param("batch", "i32"), Param("seqlen_q", "i32"), Param("seqlen_kv", "i32"),
+    Param("heads_q", "i32"), Param("heads_kv", "i32"), Param("write_lse", "i32"),
+    Param("softmax_scale", "f32"),
+    Param("o_stride_b", "i64"), Param("o_stride_s", "i64"), Param("o_stride_h", "i64"),
+    Param("lse_stride_b", "i64"), Param("lse_stride_h", "i64"), Param("lse_stride_s", "i64"),
+)
+
+ARCHS = ("sm_90a",)
+
+
+def block_m(head_dim: int) -> int:
+    return TILES[head_dim][0]
+
+
+def tma_recipe(variant: Variant) -> dict:
+    """How the runtime encodes the three descriptors (plain data, recorded in the bundle)."""
+    bm, bn, _, _ = TILES[variant["head_dim"]]
+    return {
+        "rank": 3 if variant["layout"] == "ragged" else 4,
+        "box_cols": TMA_BOX_COLS,
+        "box_rows": {"q": Q_BOX_ROWS, "k": bn, "v": bn},
+        "swizzle_bytes": 128,
+        "l2_promotion_bytes": 256,
+        "oob_fill": "zero",
+    }
+
+
+def _launch(variant: Variant) -> LaunchFacts:
+    bm, bn, stages, pingpong = TILES[variant["head_dim"]]
+    return LaunchFacts(
+        block=(THREADS, 1, 1),
+        dynamic_smem=-1,  # filled in by the compiler from the kernel's shared storage
+        grid_rule="persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1)",
+        extra={"block_m": bm, "block_n": bn, "stages": stages, "pingpong": pingpong, "persistent": True,
+               "tma": tma_recipe(variant)},
+    )
+
+
+FAMILY = register(Family(
+    name="sdpa_prefill_sm90",
+    doc="Hopper flash-attention forward: TMA + wgmma, producer/consumer warpgroups; dense or ragged, causal, GQA, LSE",
+    archs=ARCHS,
+    fields=(
+        Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
+        Field("head_dim", (64, 128, 256), "head dimension D"),
+        Field("layout", ("dense", "ragged"), "dense [B,S,H,D] with Int64 strides, or ragged THD with cu_seqlens"),
+        Field("causal", (False, True), "bottom-right aligned causal mask"),
+    ),
+    why_invalid=lambda values: None,
+    params=lambda v: PARAMS,
+    launch=_launch,
+    kernel_module="aotc.kernels.sdpa_prefill_sm90",
+))

@@ -1,0 +1,109 @@
+"""TMA descriptors for kernels that take ``GridConstant[TensorMap]`` parameters.
+
+A family records a recipe at compile time (rank, box, swizzle, L2 promotion, out-of-bounds
+fill: plain data in the bundle's launch facts); the runtime encodes the 128-byte
+CUtensorMap with cuTensorMapEncodeTiled from that recipe and the caller's pointer, extents
+and strides. Encoding costs a few microseconds, so prepared plans keep the bytes and
+re-encode only when a pointer changes.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import ArgumentError
+from .driver import check, cu, init
+
+DESCRIPTOR_BYTES = 128
+_MAX_DIM = 1 << 32      # globalDim[i] <= 2^32
+_MAX_STRIDE = 1 << 40   # globalStrides[i] < 2^40 bytes, multiples of 16
+_MAX_BOX = 256
+
+_DTYPES = {"fp16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2), "bf16": ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2)}
+_SWIZZLE = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B", 64: "CU_TENSOR_MAP_SWIZZLE_64B",
+            128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+_L2 = {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE", 64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
+       128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
+
+
+@dataclass(frozen=True)
+class TiledRecipe:
+    """Everything about a descriptor but the pointer: fixed when a plan is prepared."""
+
+    dtype: str
+    dims: tuple[int, ...]           # innermost first (TMA order), in elements
+    strides: tuple[int, ...]        # bytes, for dims[1:]
+    box: tuple[int, ...]            # innermost first, in elements
+    swizzle_bytes: int = 128
+    l2_promotion_bytes: int = 256
+
+    def check(self, name: str) -> None:
+        """Refuse what the encoder would refuse, naming the tensor (before anything launches)."""
+        if self.dtype not in _DTYPES:
+            raise ArgumentError(f"{name}.dtype", self.dtype, f"one of {sorted(_DTYPES)} for a TMA descriptor")
+        if len(self.dims) != len(self.box) or len(self.strides) != len(self.dims) - 1 or not 1 <= len(self.dims) <= 5:
+            raise ValueError(f"{name}: inconsistent TMA recipe {self}")
+        for i, d in enumerate(self.dims):
+            if not 1 <= d <= _MAX_DIM:
+                raise ArgumentError(f"{name} extent {i} (TMA order)", d, "in [1, 2^32]")
+        for i, s in enumerate(self.strides):
+            if s % 16 or not 0 < s < _MAX_STRIDE:
+                raise ArgumentError(f"{name} stride {i + 1} (TMA order, bytes)", s,
+                                    "a positive multiple of 16 bytes below 2^40")
+        for b in self.box:
+            if not 1 <= b <= _MAX_BOX:
+                raise ValueError(f"{name}: TMA box {self.box} out of range")
+        if self.box[0] * _DTYPES[self.dtype][1] > self.swizzle_bytes > 0:
+            raise ValueError(f"{name}: inner box {self.box[0]} elements exceeds the {self.swizzle_bytes}-byte swizzle span")
+
+
+# an empty tensor may have a null pointer; the kernels never load from a tensor with an empty
+# extent, so its descriptor only has to encode: this aligned stand-in address is never read
+_STAND_IN_ADDRESS = 1 << 12
+
+
+def encode_tiled(recipe: TiledRecipe, address: int) -> bytes:
+    """cuTensorMapEncodeTiled -> the 128 descriptor bytes (the kernel parameter)."""
+    if address == 0:
+        address = _STAND_IN_ADDRESS
+    if address % 16:
+        raise ArgumentError("TMA global address", hex(address), "16-byte aligned")
+    init()
+    rank = len(recipe.dims)
+    tm = check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, _DTYPES[recipe.dtype][0]),
+        rank,
+        address,
+        [cu.cuuint64_t(d) for d in recipe.dims],
+        [cu.cuuint64_t(s) for s in recipe.strides],
+        [cu.cuuint32_t(b) for b in recipe.box],
+        [cu.cuuint32_t(1)] * rank,
+        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(cu.CUtensorMapSwizzle, _SWIZZLE[recipe.swizzle_bytes]),
+        getattr(cu.CUtensorMapL2promotion, _L2[recipe.l2_promotion_bytes]),
+        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE fills zeros; NAN_REQUEST_ZERO_FMA fills NaN
+    ), "cuTensorMapEncodeTiled")
+    words = [int(w) for w in tm.opaque]
+    data = struct.pack(f"<{len(words)}Q", *words)
+    if len(data) != DESCRIPTOR_BYTES:
+        raise RuntimeError(f"CUtensorMap is {len(data)} bytes, expected {DESCRIPTOR_BYTES}")
+    return data
+
+
+class DescriptorSlot:
+    """One descriptor of a prepared plan: re-encoded only when its pointer changes."""
+
+    __slots__ = ("recipe", "address", "data")
+
+    def __init__(self, recipe: TiledRecipe, address: int):
+        self.recipe = recipe
+        self.address = address
+        self.data = encode_tiled(recipe, address)
+
+    def update(self, address: int) -> bytes | None:
+        """New descriptor bytes, or None when the pointer is unchanged."""
+        if address == self.address:
+            return None
+        self.data = encode_tiled(self.recipe, address)
+        self.address = address
+        return self.data

@@ -1,0 +1,72 @@
+"""Tile/schedule tuning for sdpa_prefill_sm90 (build side; no GPU needed).
+
+    python benchmarks/tune_prefill_sm90.py --out /tmp/tune     # one bundle per configuration
+    python benchmarks/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc   # on the GPU: time each beside cuDNN
+
+Each configuration overrides the family's tile table (block sizes, stages, ping-pong), compiles
+the bf16 dense variants of one head dim (causal and not) straight through compile_variant
+(bypassing the cache, whose key does not see these overrides) and writes a bundle.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = {  # name: (head_dim, (block_m, block_n, stages, pingpong))
+    "d128_n128_pp": (128, (128, 128, 2, True)),
+    "d128_n128": (128, (128, 128, 2, False)),
+    "d128_n176_pp": (128, (128, 176, 2, True)),
+    "d128_n176": (128, (128, 176, 2, False)),
+    "d64_n128_pp": (64, (128, 128, 2, True)),
+    "d64_n128": (64, (128, 128, 2, False)),
+    "d64_n192_pp": (64, (128, 192, 2, True)),
+    "d64_n256_pp": (64, (128, 256, 2, True)),
+    "d256_n64_pp": (256, (128, 64, 2, True)),
+    "d256_n80_pp": (256, (128, 80, 2, True)),
+    "d256_n80": (256, (128, 80, 2, False)),
+    "d256_n64": (256, (128, 64, 2, False)),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/tune")
+    ap.add_argument("configs", nargs="*", default=list(CONFIGS))
+    args = ap.parse_args()
+    from aotc import cubin
+    from aotc.bundle import write_bundle
+    from aotc.compile import compile_variant
+    from aotc.families import sdpa_prefill_sm90 as fam
+    from aotc.variant import Variant
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.configs:
+        D, tile = CONFIGS[name]
+        saved = dict(fam.TILES)
+        fam.TILES[D] = tile
+        try:
+            arts = []
+            for causal in (False, True):
+                v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=D, layout="dense", causal=causal)
+                # a key of its own (the cache's would not see the overrides); never put in the cache
+                art = compile_variant(v, key=hashlib.sha256(f"tune-{name}-{causal}".encode()).hexdigest())
+                k = next(iter(cubin.parse(art.cubin).kernels.values()))
+                print(f"{name} causal={causal}: {k.registers} regs, frame {k.frame_bytes} B, smem {art.launch.dynamic_smem}",
+                      flush=True)
+                arts.append(art)
+            write_bundle(out / f"{name}.aotc", arts)
+        except Exception as e:  # a configuration that does not compile is reported, the rest go on
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+        finally:
+            fam.TILES.clear()
+            fam.TILES.update(saved)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""sdpa_prefill_sm90 (Hopper: TMA + wgmma) on the GPU: every variant of the default bundle against
+an fp32 torch reference (the portable family's cases and tolerances, prefill_cases.py), and the
+dispatch between the two families."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import aotc.runtime
+
+from common import check_close
+from prefill_cases import (DENSE_CASES, RAGGED_CASES, TOL, alloc, bundle_artifacts, prefill_variants, ref_attention,
+                           run_bad_arguments, run_custom_scale_and_no_lse, run_dense, run_ragged)
+
+pytestmark = pytest.mark.gpu
+FAMILY = "sdpa_prefill_sm90"
+
+
+@pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: "B{}_Sq{}_Skv{}_H{}-{}_{}".format(*c))
+def test_prefill_dense_matches_reference(rt, case):
+    run_dense(rt, FAMILY, case)
+
+
+@pytest.mark.parametrize("case", RAGGED_CASES, ids=lambda c: f"q{c[0]}_kv{c[1]}_H{c[2]}-{c[3]}")
+def test_prefill_ragged_matches_reference(rt, case):
+    run_ragged(rt, FAMILY, case)
+
+
+def test_prefill_custom_scale_and_no_lse(rt):
+    run_custom_scale_and_no_lse(rt, FAMILY)
+
+
+def test_prefill_bad_arguments(rt):
+    run_bad_arguments(rt, FAMILY)
+
+
+def test_dispatch_prefers_hopper_and_falls_back(rt):
+    """auto runs sdpa_prefill_sm90 on this sm_90 device; without it in the runtime, sdpa_prefill; a
+    stride TMA cannot express (zero, for a broadcast K/V) falls back too, and forcing it is refused."""
+    q = alloc(1, 64, 4, 128, "bf16", "bshd")
+    k = alloc(1, 64, 4, 128, "bf16", "bshd")
+    out = alloc(1, 64, 4, 128, "bf16", "bshd", fill=math.nan)
+    assert rt.prepare_prefill(q, k, k, out).variant.family == FAMILY
+    portable_only = aotc.runtime.Runtime([a for a in bundle_artifacts() if a.variant.family != FAMILY])
+    assert portable_only.prepare_prefill(q, k, k, out).variant.family == "sdpa_prefill"
+    kb = k[:1].expand(3, 64, 4, 128)  # batch stride 0
+    qb, ob = alloc(3, 64, 4, 128, "bf16", "bshd"), alloc(3, 64, 4, 128, "bf16", "bshd", fill=math.nan)
+    assert rt.prepare_prefill(qb, kb, kb, ob).variant.family == "sdpa_prefill"
+    with pytest.raises(Exception, match="family"):
+        rt.prepare_prefill(qb, kb, kb, ob, family=FAMILY)
+
+
+def test_descriptors_reencoded_only_for_new_pointers(rt):
+    q = alloc(2, 300, 4, 64, "bf16", "bshd")
+    k = alloc(2, 300, 4, 64, "bf16", "bshd")
+    v = alloc(2, 300, 4, 64, "bf16", "bshd")
+    out = alloc(2, 300, 4, 64, "bf16", "bshd", fill=math.nan)
+    plan = rt.prepare_prefill(q, k, v, out, family=FAMILY)
+    before = [d.data for d in plan.descriptors]
+    plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+    assert [d.data for d in plan.descriptors] == before  # same pointers: nothing encoded
+    k2, v2, out2 = k.clone(), v.clone() * 2, torch.full_like(out, math.nan)
+    plan.run(q.data_ptr(), k2.data_ptr(), v2.data_ptr(), out2.data_ptr())
+    assert plan.descriptors[0].data == before[0] and plan.descriptors[1].data != before[1]
+    torch.cuda.synchronize()
+    ref = torch.empty_like(out)
+    rt.prefill(q, k2, v2, ref, family="sdpa_prefill")
+    torch.cuda.synchronize()
+    assert not torch.isnan(out2).any()
+    assert torch.allclose(out2.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_batch_stride_beyond_2_31_elements(rt):
+    """q and out with a batch stride of 2^31 + 256 elements (byte offsets past 4 GiB) against the reference."""
+    D, S, H = 64, 100, 2
+    stride_b = 2**31 + 256
+    variants = [v for v in prefill_variants(rt, FAMILY) if v[3] == "dense" and v[1] == D and v[0] == "bf16"]
+    assert variants
+    qbuf = torch.randn(stride_b + S * H * D, dtype=torch.bfloat16, device="cuda")
+    obuf = torch.full((stride_b + S * H * D,), math.nan, dtype=torch.bfloat16, device="cuda")
+    q = qbuf.as_strided((2, S, H, D), (stride_b, H * D, D, 1))
+    out = obuf.as_strided((2, S, H, D), (stride_b, H * D, D, 1))
+    k = alloc(2, S, H, D, "bf16", "bshd")
+    v = alloc(2, S, H, D, "bf16", "bshd")
+    for _, _, causal, _ in variants:
+        out.fill_(math.nan)
+        rt.prefill(q, k, v, out, causal=causal, family=FAMILY)
+        torch.cuda.synchronize()
+        for b in range(2):
+            check_close(out[b], ref_attention(q[b], k[b], v[b], causal, D ** -0.5)[0], TOL["bf16"],
+                        f"batch {b} causal={causal}")
+    del qbuf, obuf
