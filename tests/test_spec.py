@@ -24,11 +24,15 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 30
+    assert len(s.variants) == 18 + 36 + 24 + 30
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
+    hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90"]
     decode = [v for v in s.variants if v.family == "sdpa_decode"]
+    assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
+                                                         for v in hopper} == set(itertools.product(
+        ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode}) == 5
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
