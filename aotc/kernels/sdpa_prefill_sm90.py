@@ -532,10 +532,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             wg_index = wg - 1
             wg_tid = tidx % _WG
             mma_qk = sm90_utils.make_trivial_tiled_mma(
-                dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(n_wg_rows, bn))
             mma_pv = sm90_utils.make_trivial_tiled_mma(
-                dtype, dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+                dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(n_wg_rows, D), a_source=warpgroup.OperandSource.RMEM)
             # the swizzle goes into the pointer (wgmma wants affine layouts)
             lq = _smem_layout(dtype, n_wg_rows, D, 2)  # (64, D, warpgroup)

@@ -15,7 +15,9 @@ for f in tests/gpu/test_*.py; do
       --junitxml="$LOGS/$name.xml" >"$LOGS/$name.log" 2>&1
   rc=$?
   summary+="$name: $(tail -n 1 "$LOGS/$name.log") (exit $rc)"$'\n'
-  [ $rc -eq 0 ] || status=1
+  # exit 5: nothing collected, i.e. the file skipped itself at module level (test_multi_gpu on a
+  # one-GPU machine); its skip reason is in its log
+  [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1
 done
 printf '%s' "$summary" | tee "$LOGS/gpu-summary.txt"
 exit $status

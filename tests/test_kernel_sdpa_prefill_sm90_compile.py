@@ -1,0 +1,69 @@
+"""Compile-only checks of the sdpa_prefill_sm90 (Hopper) CuTe DSL kernel (no GPU needed)."""
+import os
+import re
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
+pytest.importorskip("cutlass")
+
+from aotc import cubin as cubin_mod  # noqa: E402
+from aotc.abi import KernelABI  # noqa: E402
+from aotc.families import get_family  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import PARAMS, THREADS, TILES  # noqa: E402
+from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
+from aotc.variant import Variant  # noqa: E402
+
+CASES = [  # dtype, head_dim, layout, causal
+    ("bf16", 128, "dense", True),
+    ("fp16", 64, "ragged", False),
+    ("bf16", 256, "ragged", True),
+]
+SMEM_LIMIT = 227 * 1024  # dynamic + static shared memory per CTA on sm_90
+
+
+@pytest.mark.parametrize("dtype,head_dim,layout,causal", CASES)
+def test_compile(tmp_path, dtype, head_dim, layout, causal):
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=head_dim, layout=layout, causal=causal)
+    cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    info = cubin_mod.parse(cubin)
+    assert info.arch == "sm_90a" and symbol in info.kernels
+    k = info.kernels[symbol]
+    # three 128-byte TMA descriptors first, then the pointer ABI, exactly PARAMS' C layout
+    assert KernelABI(symbol, PARAMS).check_layout(k.params) is None
+    assert [size for _, size in k.params[:3]] == [128, 128, 128]
+    assert f".reqntid {THREADS}, 1, 1" in ptx
+    # no spills at the 240-register consumer budget; shared memory fits one CTA per SM
+    assert facts["frame_bytes"] == 0
+    assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim)
+    assert facts["dynamic_smem"] + k.static_smem <= SMEM_LIMIT
+    # the Hopper machinery is there: TMA loads of the descriptor's rank, wgmma (the PV GEMM's A operand
+    # from registers), register reallocation between producer and consumers, mbarrier transactions
+    rank = 3 if layout == "ragged" else 4
+    assert re.search(rf"cp\.async\.bulk\.tensor\.{rank}d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
+    assert "wgmma.mma_async.sync.aligned.m64n" in ptx
+    bm, bn, _, _ = TILES[head_dim]
+    t = {"bf16": "bf16", "fp16": "f16"}[dtype]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k16\.f32\.{t}\.{t}", ptx)  # S = Q K^T
+    # O += P V: A (P) is a register list, not a shared-memory descriptor
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, \{{", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert "mbarrier.arrive.expect_tx" in ptx
+
+
+def test_family_records_the_tma_recipe():
+    fam = get_family("sdpa_prefill_sm90")
+    for layout, rank in (("dense", 4), ("ragged", 3)):
+        v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=False)
+        facts = fam.launch(v)
+        assert facts.block == (THREADS, 1, 1)
+        tma = facts.extra["tma"]
+        assert tma["rank"] == rank and tma["swizzle_bytes"] == 128 and tma["box_cols"] == 64
+        assert tma["box_rows"] == {"q": 64, "k": TILES[128][1], "v": TILES[128][1]}
+
+
+def test_refuses_other_archs(tmp_path):
+    v = Variant.make("sdpa_prefill_sm90", "sm_90", dtype="bf16", head_dim=128, layout="dense", causal=False)
+    with pytest.raises(ValueError, match="sm_90a"):
+        kernel.compile(v, dump_dir=str(tmp_path))
