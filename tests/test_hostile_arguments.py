@@ -62,11 +62,13 @@ def fuzz(n: int):
 
 
 class StubRuntime:
-    """What the checks ask of a Runtime: the head dims its loaded kernels cover."""
+    """What the checks ask of a Runtime: the head dims its loaded kernels cover (no Hopper prefill
+    kernels here: prefill takes the union of both prefill families' head dims)."""
 
     def field_values(self, family, field, device):
         assert field == "head_dim" and device == 0
-        return set({"sdpa_combine": COMBINE_HEADS, "sdpa_prefill": PREFILL_HEADS}[family])
+        return set({"sdpa_combine": COMBINE_HEADS, "sdpa_prefill": PREFILL_HEADS,
+                    "sdpa_prefill_sm90": frozenset()}[family])
 
 
 STUB = StubRuntime()

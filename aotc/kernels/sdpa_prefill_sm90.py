@@ -41,7 +41,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.experimental import primitives as prims
 from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, create_tensor_map_tiled
 from cutlass.memory import SmemAllocator
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, THREADS, TILES, TMA_BOX_COLS
 from ._compile import compile_least_spilling
