@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     args = ap.parse_args()
 
@@ -71,6 +72,8 @@ def main() -> None:
                     shapes.append((D, dtype, S, causal))
     if args.quick:
         shapes = [s for s in shapes if s[2] in (2048, 8192)]
+    if args.causal_only:
+        shapes = [s for s in shapes if s[3]]
     for D, dtype, S, causal in shapes:
         H, B = 16, max(1, 16384 // S)
         t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]

@@ -55,6 +55,7 @@ _VEC = 8  # 16-bit elements per 128-bit access
 _WG = 128  # threads per warpgroup
 _CONSUMER_WARPS = 8
 _L2_BUDGET = 24 << 20  # bytes of K/V a causal tile group keeps in L2 (H100/H200: 50 MB L2)
+_MIN_GROUP = 32        # (batch, head) pairs per causal tile group at least
 _PRODUCER_REGS = 24
 _CONSUMER_REGS = 240
 
@@ -513,12 +514,14 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         m_blocks = (seqlen_q + (bm - 1)) // bm
         n_tiles = m_blocks * heads_q * batch
         rounds = (n_tiles + (n_ctas - 1)) // n_ctas
-        # causal: (batch, head) pairs per L2 group: query heads whose K/V (S_kv x D, both) fit in
-        # _L2_BUDGET, heads sharing a KV head (GQA) counted once
+        # causal: (batch, head) pairs per group: as many query heads as have K/V (S_kv x D, both) fitting
+        # in _L2_BUDGET together (heads sharing a KV head counted once), but at least _MIN_GROUP: with
+        # few heads per round the CTAs of one head already share its K/V as they stream it, and small
+        # groups would split the longest-first order into pieces that unbalance the persistent CTAs
         n_bh = Int64(heads_q) * Int64(batch)
         kv_head_bytes = Int64(seqlen_kv) * Int64(2 * D * elem_bytes) + Int64(1)
         kv_heads_fit = cutlass.min(cutlass.max(Int64(_L2_BUDGET) // kv_head_bytes, Int64(1)), n_bh)
-        l2_group = Int32(cutlass.min(kv_heads_fit * Int64(heads_q // heads_kv), n_bh))
+        l2_group = Int32(cutlass.min(cutlass.max(kv_heads_fit * Int64(heads_q // heads_kv), Int64(_MIN_GROUP)), n_bh))
         group = heads_q // heads_kv
 
         if wg == 0:
