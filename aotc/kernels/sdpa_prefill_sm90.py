@@ -54,8 +54,6 @@ _NEG_INF = -math.inf
 _VEC = 8  # 16-bit elements per 128-bit access
 _WG = 128  # threads per warpgroup
 _CONSUMER_WARPS = 8
-_L2_BUDGET = 24 << 20  # bytes of K/V a causal tile group keeps in L2 (H100/H200: 50 MB L2)
-_MIN_GROUP = 32        # (batch, head) pairs per causal tile group at least
 _PRODUCER_REGS = 24
 _CONSUMER_REGS = 240
 
@@ -196,18 +194,14 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         return i * n_ctas + pos
 
     @cute.jit
-    def tile_coords(tile, m_blocks, heads_q, batch, l2_group):
+    def tile_coords(tile, m_blocks, heads_q, batch):
         """Tile index -> (m_block, head, batch). Non-causal: m_block fastest (the CTAs of one head
-        run together and share its K/V in L2). Causal: longest tiles (highest m_block) first, within
-        groups of l2_group (batch, head) pairs whose K/V fit in L2 together (longest-first over all
-        heads at once streams every head's K/V through L2 at the same time and thrashes it)."""
+        run together and share its K/V in L2). Causal: the longest tiles (highest m_block) first."""
         if cutlass.const_expr(causal):
-            per_group = m_blocks * l2_group
-            first_bh = (tile // per_group) * l2_group
-            r = tile - (tile // per_group) * per_group
-            g_sz = cutlass.min(l2_group, heads_q * batch - first_bh)
-            bh = first_bh + r % g_sz
-            return m_blocks - 1 - r // g_sz, bh % heads_q, bh // heads_q
+            per_m = heads_q * batch
+            m_block = m_blocks - 1 - tile // per_m
+            rest = tile % per_m
+            return m_block, rest % heads_q, rest // heads_q
         rest = tile // m_blocks
         return tile % m_blocks, rest % heads_q, rest // heads_q
 
@@ -514,14 +508,6 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         m_blocks = (seqlen_q + (bm - 1)) // bm
         n_tiles = m_blocks * heads_q * batch
         rounds = (n_tiles + (n_ctas - 1)) // n_ctas
-        # causal: (batch, head) pairs per group: as many query heads as have K/V (S_kv x D, both) fitting
-        # in _L2_BUDGET together (heads sharing a KV head counted once), but at least _MIN_GROUP: with
-        # few heads per round the CTAs of one head already share its K/V as they stream it, and small
-        # groups would split the longest-first order into pieces that unbalance the persistent CTAs
-        n_bh = Int64(heads_q) * Int64(batch)
-        kv_head_bytes = Int64(seqlen_kv) * Int64(2 * D * elem_bytes) + Int64(1)
-        kv_heads_fit = cutlass.min(cutlass.max(Int64(_L2_BUDGET) // kv_head_bytes, Int64(1)), n_bh)
-        l2_group = Int32(cutlass.min(cutlass.max(kv_heads_fit * Int64(heads_q // heads_kv), Int64(_MIN_GROUP)), n_bh))
         group = heads_q // heads_kv
 
         if wg == 0:
@@ -532,7 +518,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                     q_count = Int32(0)  # Q tiles loaded so far
                     for i in cutlass.range(rounds, unroll=1):
                         tile = snake(i, first_tile, n_ctas)
-                        m_block, head, bidx = tile_coords(tile, m_blocks, heads_q, batch, l2_group)
+                        m_block, head, bidx = tile_coords(tile, m_blocks, heads_q, batch)
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
                                                                   cu_seqlens_kv)
                         if tile < n_tiles and m_block * bm < s_q:
@@ -602,7 +588,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             q_count = Int32(0)
             for i in cutlass.range(rounds, unroll=1):
                 tile_id = snake(i, first_tile, n_ctas)
-                m_block, head, bidx = tile_coords(tile_id, m_blocks, heads_q, batch, l2_group)
+                m_block, head, bidx = tile_coords(tile_id, m_blocks, heads_q, batch)
                 q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv)
                 if tile_id < n_tiles and m_block * bm < s_q:
                     n_max, n_mask_min = kv_range(m_block, s_q, s_kv)
