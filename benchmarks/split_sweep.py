@@ -1,4 +1,4 @@
-import sys, torch, statistics
+import sys, torch
 sys.path.insert(0, ".")
 import aotc.runtime
 from benchmarks.bench_decode import graph_time

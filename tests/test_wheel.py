@@ -8,7 +8,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 

@@ -38,6 +38,14 @@ PARAMS: tuple[Param, ...] = (
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
 
+# the fields every prefill family has (sdpa_prefill_sm90 shares them)
+ATTENTION_FIELDS = (
+    Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
+    Field("head_dim", (64, 128, 256), "head dimension D"),
+    Field("layout", ("dense", "ragged"), "dense [B,S,H,D] with Int64 strides, or ragged THD with cu_seqlens"),
+    Field("causal", (False, True), "bottom-right aligned causal mask"),
+)
+
 
 def block_m(head_dim: int) -> int:
     return TILES[head_dim][0]
@@ -63,11 +71,7 @@ FAMILY = register(Family(
     name="sdpa_prefill",
     doc="flash-attention forward with mma.sync: dense or ragged, causal, GQA, optional LSE",
     archs=ARCHS,
-    fields=(
-        Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
-        Field("head_dim", (64, 128, 256), "head dimension D"),
-        Field("layout", ("dense", "ragged"), "dense [B,S,H,D] with Int64 strides, or ragged THD with cu_seqlens"),
-        Field("causal", (False, True), "bottom-right aligned causal mask"),
+    fields=ATTENTION_FIELDS + (
         Field("strides", ("general", "packed"), "general Int64 strides, or packed contiguous BSHD (dense only)"),
     ),
     why_invalid=_why_invalid,

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from ..abi import LaunchFacts, Param
 from ..variant import Variant
-from . import Family, Field, register
+from . import Family, register
+from .sdpa_prefill import ATTENTION_FIELDS
 
 # head dim -> (block_m, block_n, kv stages, ping-pong): per CTA, two consumer warpgroups of 64
 # query rows each and one producer warpgroup (3 x 128 threads). Chosen by measurement on the H200
@@ -81,12 +82,7 @@ FAMILY = register(Family(
     name="sdpa_prefill_sm90",
     doc="Hopper flash-attention forward: TMA + wgmma, producer/consumer warpgroups; dense or ragged, causal, GQA, LSE",
     archs=ARCHS,
-    fields=(
-        Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
-        Field("head_dim", (64, 128, 256), "head dimension D"),
-        Field("layout", ("dense", "ragged"), "dense [B,S,H,D] with Int64 strides, or ragged THD with cu_seqlens"),
-        Field("causal", (False, True), "bottom-right aligned causal mask"),
-    ),
+    fields=ATTENTION_FIELDS,
     why_invalid=lambda values: None,
     params=lambda v: PARAMS,
     launch=_launch,

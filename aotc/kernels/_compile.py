@@ -5,8 +5,10 @@ import os
 from typing import Any, Callable
 
 import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
 
 from .. import cubin as cubin_reader
+from ..abi import Param
 
 # ptxas optimization levels tried in order: at ~255 registers -O3 sometimes hoists loads far enough to
 # spill a few values, where -O2/-O1 do not; the first level with no stack frame wins
@@ -39,3 +41,33 @@ def compile_least_spilling(build_host: Callable[[], Any], placeholders: list, ar
         if frame == 0:
             break
     return best
+
+
+def placeholders(params: tuple[Param, ...], pointers: dict[str, tuple[Any, int]]) -> list:
+    """Arguments to trace a host function with, one per kernel parameter, in order.
+
+    A parameter named in `pointers` gets a pointer placeholder of that (element type, assumed
+    alignment in bytes): the alignment becomes the kernel parameter's .align, which the
+    runtime's checks guarantee. Every other parameter gets a scalar of its kind (the values are
+    runtime arguments, never baked into the code).
+    """
+    from cutlass.cute.runtime import make_ptr
+
+    scalars = {"i32": Int32(1), "i64": Int64(8), "f32": Float32(1.0)}
+    args = []
+    for p in params:
+        if p.name in pointers:
+            dtype, align = pointers[p.name]
+            args.append(make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align))
+        elif p.kind in scalars:
+            args.append(scalars[p.kind])
+        else:
+            raise ValueError(f"parameter {p.name!r} ({p.kind}) needs a pointer placeholder")
+    return args
+
+
+def check_param_kinds(family: str, params: tuple[Param, ...], expected: list[str]) -> None:
+    """The kernel code below a family is written against its PARAMS: refuse to compile if they drifted."""
+    kinds = [p.kind for p in params]
+    if kinds != expected:
+        raise RuntimeError(f"{family} PARAMS changed ({kinds}); update aotc/kernels/{family}.py")

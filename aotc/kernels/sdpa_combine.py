@@ -21,6 +21,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
 from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, rows_per_cta
+from ._compile import check_param_kinds, placeholders
 
 # splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
 UNROLL = 4
@@ -178,27 +179,14 @@ def _build(head_dim: int, out_dtype, packed: bool):
 
 
 def _placeholders(out_dtype, packed: bool) -> list:
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
     out_bytes = out_dtype.width // 8
-    args = [
-        make_ptr(Float32, 16, gmem, assumed_align=16),                     # o_partial
-        make_ptr(Float32, 16, gmem, assumed_align=4),                      # lse_partial
-        make_ptr(out_dtype, 16, gmem,
-                 assumed_align=VECTOR * out_bytes if packed else out_bytes),  # o
-        make_ptr(Float32, 16, gmem, assumed_align=4),                      # lse
-    ]
-    for p in PARAMS[4:]:
-        args.append(Int32(1) if p.kind == "i32" else Int64(1))
-    return args
+    return placeholders(PARAMS, {
+        "o_partial": (Float32, 16), "lse_partial": (Float32, 4),
+        "o": (out_dtype, VECTOR * out_bytes if packed else out_bytes), "lse": (Float32, 4)})
 
 
 def _check_params() -> None:
-    kinds = [p.kind for p in PARAMS]
-    expect = ["ptr"] * 4 + ["i32"] * 5 + ["i64"] * 15
-    if kinds != expect:
-        raise RuntimeError(f"sdpa_combine PARAMS changed ({kinds}); update aotc/kernels/sdpa_combine.py")
+    check_param_kinds("sdpa_combine", PARAMS, ["ptr"] * 4 + ["i32"] * 5 + ["i64"] * 15)
 
 
 def _compile(variant, dump_dir: str, keep_ptx: bool):

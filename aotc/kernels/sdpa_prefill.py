@@ -62,7 +62,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill import PARAMS, TILES
-from ._compile import compile_least_spilling
+from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 _DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
@@ -691,24 +691,13 @@ def verify_mappings(head_dim: int, dtype_name: str = "bf16") -> list[str]:
 # ---------------------------------------------------------------------------- compile
 
 def _placeholders(dtype) -> list:
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    # assumed_align becomes .align on the kernel's pointer parameters
-    args = [make_ptr(dtype, 16, gmem, assumed_align=16) for _ in range(4)]  # q, k, v, o
-    args.append(make_ptr(Float32, 16, gmem, assumed_align=4))               # lse
-    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # cu_seqlens_q
-    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # cu_seqlens_kv
-    for p in PARAMS[7:]:
-        args.append({"i32": Int32(1), "i64": Int64(8), "f32": Float32(1.0)}[p.kind])
-    return args
+    pointers = {n: (dtype, 16) for n in ("q", "k", "v", "o")}
+    pointers.update(lse=(Float32, 4), cu_seqlens_q=(Int32, 4), cu_seqlens_kv=(Int32, 4))
+    return placeholders(PARAMS, pointers)
 
 
 def _check_params() -> None:
-    kinds = [p.kind for p in PARAMS]
-    expect = ["ptr"] * 7 + ["i32"] * 6 + ["f32"] + ["i64"] * 15
-    if kinds != expect:
-        raise RuntimeError(f"sdpa_prefill PARAMS changed ({kinds}); update aotc/kernels/sdpa_prefill.py")
+    check_param_kinds("sdpa_prefill", PARAMS, ["ptr"] * 7 + ["i32"] * 6 + ["f32"] + ["i64"] * 15)
 
 
 def _compile(variant, dump_dir: str, keep_ptx: bool):

@@ -44,7 +44,7 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, THREADS, TILES, TMA_BOX_COLS
-from ._compile import compile_least_spilling
+from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 _DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
@@ -662,23 +662,14 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
 # ---------------------------------------------------------------------------- compile
 
 def _placeholders(dtype) -> list:
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    args = [make_ptr(dtype, 16, gmem, assumed_align=16) for _ in range(4)]  # q, k, v, o
-    args.append(make_ptr(Float32, 16, gmem, assumed_align=4))               # lse
-    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # cu_seqlens_q
-    args.append(make_ptr(Int32, 16, gmem, assumed_align=4))                 # cu_seqlens_kv
-    for p in PARAMS[7:]:
-        args.append({"i32": Int32(1), "i64": Int64(8), "f32": Float32(1.0)}[p.kind])
-    return args
+    # the host function takes Q, K and V as pointers (it builds stand-in descriptors from them)
+    pointers = {n: (dtype, 16) for n in ("tma_q", "tma_k", "tma_v", "o")}
+    pointers.update(lse=(Float32, 4), cu_seqlens_q=(Int32, 4), cu_seqlens_kv=(Int32, 4))
+    return placeholders(PARAMS, pointers)
 
 
 def _check_params() -> None:
-    kinds = [p.kind for p in PARAMS]
-    expect = ["tensormap"] * 3 + ["ptr"] * 4 + ["i32"] * 6 + ["f32"] + ["i64"] * 6
-    if kinds != expect:
-        raise RuntimeError(f"sdpa_prefill_sm90 PARAMS changed ({kinds}); update aotc/kernels/sdpa_prefill_sm90.py")
+    check_param_kinds("sdpa_prefill_sm90", PARAMS, ["tensormap"] * 3 + ["ptr"] * 4 + ["i32"] * 6 + ["f32"] + ["i64"] * 6)
 
 
 def _compile(variant, dump_dir: str, keep_ptx: bool):
