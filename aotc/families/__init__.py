@@ -50,10 +50,12 @@ class Family:
         """sha256 over the family's description and kernel source, so editing either misses the cache."""
         h = hashlib.sha256()
         here = Path(__file__).resolve().parent
-        # the family's own files, the ABI rules and the shared compile helper (it picks the ptxas level
-        # from the cubin reader's stack-frame figure); not the registry, so adding a family rebuilds nothing else
-        files = [here / f"{self.name}.py", here.parent / "abi.py", here.parent / "kernels" / f"{self.name}.py",
-                 here.parent / "kernels" / "_compile.py", here.parent / "cubin.py"]
+        # the family's own files, the ABI rules, the kernels' shared modules (kernels/_*.py: compile
+        # helper, which picks the ptxas level from the cubin reader's stack-frame figure, and shared
+        # kernel code) and the cubin reader; not the registry, so adding a family rebuilds nothing else
+        kernels = here.parent / "kernels"
+        files = [here / f"{self.name}.py", here.parent / "abi.py", kernels / f"{self.name}.py",
+                 *sorted(p for p in kernels.glob("_*.py") if p.name != "__init__.py"), here.parent / "cubin.py"]
         for path in files:
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes() if path.exists() else b"<missing>")

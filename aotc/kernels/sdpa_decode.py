@@ -64,27 +64,20 @@ of the thread index (otherwise LLVM hoists dozens of loop-invariant addresses in
 helpers are @cute.jit functions taking a namespace (no closures over staged values); dynamic smem
 comes from SmemAllocator inside the kernel; ptxas runs at -O3, or -O2 / -O1 when -O3 spills.
 """
-import math
 from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
+from ._attention import (ATOM_COLS, DTYPES, LN_2, LOG2_E, NEG_INF, VEC, acc_mn_view, acc_to_a_operand,
+                         make_g2s, opaque_i32, quad_allreduce, smem_tile_layout, softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
-_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
-LOG2_E = 1.4426950408889634074
-LN_2 = 0.6931471805599453094
-_NEG_INF = -math.inf
-_VEC = 8          # 16-bit elements per 16-byte access
-_ATOM_COLS = 64   # columns of the smem swizzle atom (128 bytes)
 _THREADS = 128
 _WARPS = 4
 _ROWS = 16        # rows of the CTA tile: one m16 MMA tile
@@ -141,69 +134,11 @@ def page_size_of(kv: str) -> int:
 
 # ---------------------------------------------------------------------------- small helpers
 
-def _acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an m16n8 accumulator fragment ((2,2), MMA_M, MMA_N) as (rows, cols) of this thread."""
-    lay = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
-def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
-    """(4, MMA_M, MMA_N) accumulator layout -> ((4, 2), MMA_M, MMA_N / 2) m16n8k16 A-operand layout
-    (two neighbouring n8 accumulator tiles hold the 16 columns of one k16 A fragment; checked by
-    verify_mappings())."""
-    d = cute.logical_divide(layout, (None, None, 2))
-    return cute.make_layout(
-        ((d.shape[0], d.shape[2][0]), d.shape[1], d.shape[2][1]),
-        stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]),
-    )
-
-
-@dsl_user_op
-def _opaque_i32(x, *, loc=None, ip=None) -> Int32:
-    """x through a volatile mov: LLVM can neither fold it nor hoist it out of a loop."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    ))
-
-
-def _quad_allreduce(val, op):
-    """Reduce over the 4 threads of a quad (the threads sharing accumulator rows)."""
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-    return val
-
-
 def _make_warp_mma(dtype):
     """One warp's m16n8k16 MMA over a (16, 16*k) tile (the N permutation lets ldmatrix.x4 load B)."""
     return cute.make_tiled_mma(
         warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16))
 
-
-def _make_g2s(dtype):
-    """128-bit cp.async, 8 threads along a 64-column row, 16 rows per pass of 128 threads."""
-    atom = cute.make_copy_atom(
-        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
-    cols = _ATOM_COLS // _VEC
-    return cute.make_tiled_copy_tv(
-        atom, cute.make_layout((_THREADS // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
-
-
-def _smem_layout(rows: int, cols: int):
-    """(rows, cols) in 8x64 atoms, XOR-swizzled 16-byte chunks (Swizzle<3,3,3>): conflict-free
-    128-bit cp.async stores and ldmatrix loads. The swizzle acts on offset bits < 9 (elements), so a
-    view of it at any base offset that is a multiple of 512 elements stays consistent."""
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, _ATOM_COLS), stride=(_ATOM_COLS, 1)))
-    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
-
-
-# ---------------------------------------------------------------------------- the kernel
 
 def _build(dtype, head_dim: int, page: int, arch: str):
     """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
@@ -214,15 +149,15 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     SLOTS = cfg["slots"]
     TILE = BN * D                       # elements of one K or V tile
     ROW_ITERS = BN // 16                # rows a thread copies per tile
-    N_CHUNKS = D // _ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
+    N_CHUNKS = D // ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
     PAGED = page > 0
     N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
     LOG2_P = page.bit_length() - 1 if PAGED else 0
     ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
     ML_FLOATS = _WARPS * _ROWS * 2
-    OUT_CHUNKS = _ROWS * D // _VEC // _THREADS  # 8-column output chunks per thread
-    assert SLOTS >= 2 and KW % 16 == 0 and D % _ATOM_COLS == 0 and BN % 16 == 0
-    assert (_ROWS * D // _VEC) % _THREADS == 0
+    OUT_CHUNKS = _ROWS * D // VEC // _THREADS  # 8-column output chunks per thread
+    assert SLOTS >= 2 and KW % 16 == 0 and D % ATOM_COLS == 0 and BN % 16 == 0
+    assert (_ROWS * D // VEC) % _THREADS == 0
     if PAGED:
         assert page & (page - 1) == 0 and page % 16 == 0  # row-iteration j lies in page 16j // P
     ring_elems = (cfg["smem"] - cfg["q_bytes"]) // 2
@@ -246,7 +181,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     def copy_row(g2s, thr, base, off, dst):
         """cp.async this thread's chunks of one (., D) row at base + off into dst (CPY, D/64): the
         source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out."""
-        src = cute.make_tensor(base + cute.assume(off, divby=_VEC), cute.make_layout((16, D), stride=(0, 1)))
+        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, D), stride=(0, 1)))
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
@@ -304,7 +239,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     @cute.jit
     def prologue(ctx):
         """Q tile (rows past group*S_q zero-filled) + tiles 0 .. SLOTS-2 of the ring."""
-        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         g2s = ctx.g2s
         q = ctx.q
         thr = g2s.get_slice(tid)
@@ -328,7 +263,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     @cute.jit
     def k_step(ctx, n, masked: cutlass.Constexpr):
         """Tile 2n (K of block n): S = Q K_w^T over this warp's KW keys, [mask], online softmax, P."""
-        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n
         cute.arch.cp_async_wait_group(SLOTS - 2)
         cute.arch.barrier()
@@ -337,9 +272,9 @@ def _build(dtype, head_dim: int, page: int, arch: str):
 
         lane = tid & 31
         wn = tid >> 5
-        zero = cute.assume(_opaque_i32(Int32(0)), divby=512)
+        zero = cute.assume(opaque_i32(Int32(0)), divby=512)
         sQ = cute.make_tensor(ctx.sQ_ptr + zero, ctx.q_layout)
-        k_off = cute.assume((t % SLOTS) * TILE + wn * (KW * _ATOM_COLS), divby=512)
+        k_off = cute.assume((t % SLOTS) * TILE + wn * (KW * ATOM_COLS), divby=512)
         sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, D): this warp's keys
 
         mma = ctx.mma
@@ -363,9 +298,9 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                 cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
             cute.gemm(mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
 
-        S_mn = _acc_mn_view(acc_S)
+        S_mn = acc_mn_view(acc_S)
         cS = cute.make_identity_tensor((_ROWS, KW))
-        t0ScS_mn = _acc_mn_view(mma.get_slice(0).partition_C(cS))  # compile-time coordinates
+        t0ScS_mn = acc_mn_view(mma.get_slice(0).partition_C(cS))  # compile-time coordinates
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
@@ -377,26 +312,17 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             if cutlass.const_expr(masked):
                 lim = ctx.row_lim[r] - key0
                 for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim else Float32(_NEG_INF)
-            row = S_mn[r, None].load()
-            m_prev = row_max[r]
-            m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
-            row_max[r] = m_cur
-            # a row that has seen no visible key keeps max -inf: offset 0 then, so p = 2^-inf = 0
-            m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
-            p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
-            alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            S_mn[r, None].store(p)
+                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim else Float32(NEG_INF)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             for h in cutlass.range_constexpr(N_CHUNKS):
-                O_mn = _acc_mn_view(ctx.acc_O[h])
+                O_mn = acc_mn_view(ctx.acc_O[h])
                 O_mn[r, None].store(O_mn[r, None].load() * alpha)
         ctx.rP.store(acc_S.load().to(dtype))
 
     @cute.jit
     def v_step(ctx, n):
         """Tile 2n+1 (V of block n): O += P V_w over this warp's KW keys, 64 columns of D at a time."""
-        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n + 1
         cute.arch.cp_async_wait_group(SLOTS - 2)
         cute.arch.barrier()
@@ -405,19 +331,19 @@ def _build(dtype, head_dim: int, page: int, arch: str):
 
         lane = tid & 31
         wn = tid >> 5
-        v_off = cute.assume((t % SLOTS) * TILE + wn * (KW * _ATOM_COLS), divby=512)
+        v_off = cute.assume((t % SLOTS) * TILE + wn * (KW * ATOM_COLS), divby=512)
         sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, D): this warp's keys
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
         s2r_V = ctx.s2r_V.get_slice(lane)
-        tOrP = cute.make_tensor(ctx.rP.iterator, _acc_to_a_operand(ctx.rP.layout))
+        tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
         n_kk = cute.size(tOrP.shape[2])
         srcs = []
         frags = []
         views = []
         for h in cutlass.range_constexpr(N_CHUNKS):
-            sV_h = cute.local_tile(sV, (KW, _ATOM_COLS), (0, h))
-            sVt_h = cute.composition(sV_h, cute.make_layout((_ATOM_COLS, KW), stride=(KW, 1)))  # V^T
+            sV_h = cute.local_tile(sV, (KW, ATOM_COLS), (0, h))
+            sVt_h = cute.composition(sV_h, cute.make_layout((ATOM_COLS, KW), stride=(KW, 1)))  # V^T
             frag = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_h))
             srcs.append(s2r_V.partition_S(sVt_h))
             frags.append(frag)
@@ -436,7 +362,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     @cute.jit
     def epilogue(ctx):
         """Merge the 4 warps' (max, sum, O) through smem; write O / LSE or the partials."""
-        tid = _opaque_i32(ctx.tidx) & (_THREADS - 1)
+        tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         lane = tid & 31
         wn = tid >> 5
         mma = ctx.mma
@@ -447,18 +373,18 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         mbase = ctx.merge_ptr
         cS = cute.make_identity_tensor((_ROWS, KW))
         tScS = thr_mma.partition_C(cS)
-        t0ScS_mn = _acc_mn_view(mma.get_slice(0).partition_C(cS))
+        t0ScS_mn = acc_mn_view(mma.get_slice(0).partition_C(cS))
         row0 = tScS[0][0]
         for r in cutlass.range_constexpr(2):
-            total = _quad_allreduce(ctx.row_sum[r], lambda a, b_: a + b_)
+            total = quad_allreduce(ctx.row_sum[r], lambda a, b_: a + b_)
             if tScS[0][1] == 0:  # one thread of each quad writes the quad's rows
                 idx = (wn * _ROWS + row0 + t0ScS_mn[r, 0][0]) * 2
                 mbase[idx] = ctx.row_max[r]
                 mbase[idx + 1] = total
         acc_base = mbase + cute.assume(ML_FLOATS + wn * (_ROWS * ACC_LD), divby=32)
         for h in cutlass.range_constexpr(N_CHUNKS):
-            sAcc = cute.make_tensor(acc_base + h * _ATOM_COLS,
-                                    cute.make_layout((_ROWS, _ATOM_COLS), stride=(ACC_LD, 1)))
+            sAcc = cute.make_tensor(acc_base + h * ATOM_COLS,
+                                    cute.make_layout((_ROWS, ATOM_COLS), stride=(ACC_LD, 1)))
             cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
         cute.arch.barrier()
 
@@ -467,26 +393,26 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         lse_partial = ctx.lse_partial
         for j in cutlass.range_constexpr(OUT_CHUNKS):
             qc = tid + _THREADS * j
-            row = qc // (D // _VEC)
-            c0 = (qc - row * (D // _VEC)) * _VEC
+            row = qc // (D // VEC)
+            c0 = (qc - row * (D // VEC)) * VEC
             rr = ctx.row_tile * _ROWS + row
             if rr < ctx.n_rows:
-                m_all = Float32(_NEG_INF)
+                m_all = Float32(NEG_INF)
                 for w in cutlass.range_constexpr(_WARPS):
                     m_all = cute.arch.fmax(m_all, mbase[(w * _ROWS + row) * 2])
-                m_s = (Float32(0.0) if m_all == Float32(_NEG_INF) else m_all) * scale_log2
+                m_s = (Float32(0.0) if m_all == Float32(NEG_INF) else m_all) * scale_log2
                 total = Float32(0.0)
-                acc = cute.make_rmem_tensor((_VEC,), Float32)
+                acc = cute.make_rmem_tensor((VEC,), Float32)
                 acc.fill(0.0)
                 for w in cutlass.range_constexpr(_WARPS):
                     e = cute.math.exp2(mbase[(w * _ROWS + row) * 2] * scale_log2 - m_s, fastmath=True)
                     total = total + e * mbase[(w * _ROWS + row) * 2 + 1]
                     src = cute.make_tensor(
-                        mbase + cute.assume(ML_FLOATS + (w * _ROWS + row) * ACC_LD + c0, divby=_VEC),
-                        cute.make_layout(_VEC))
+                        mbase + cute.assume(ML_FLOATS + (w * _ROWS + row) * ACC_LD + c0, divby=VEC),
+                        cute.make_layout(VEC))
                     acc.store(acc.load() + src.load() * e)
                 inv = Float32(0.0)
-                lse_v = Float32(_NEG_INF)  # no visible key: O = 0, LSE = -inf
+                lse_v = Float32(NEG_INF)  # no visible key: O = 0, LSE = -inf
                 if total > Float32(0.0):
                     inv = Float32(1.0) / total
                     lse_v = (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
@@ -496,7 +422,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                 if ctx.write_partial != 0:
                     off = (Int64(ctx.split) * ctx.op_stride_split + Int64(ctx.bidx) * ctx.op_stride_b
                            + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h + Int64(c0))
-                    dst = cute.make_tensor(ctx.o_partial + cute.assume(off, divby=4), cute.make_layout(_VEC))
+                    dst = cute.make_tensor(ctx.o_partial + cute.assume(off, divby=4), cute.make_layout(VEC))
                     dst.store(res)
                     if c0 == 0:
                         lse_partial[Int64(ctx.split) * ctx.lp_stride_split + Int64(ctx.bidx) * ctx.lp_stride_b
@@ -504,7 +430,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                 else:
                     off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s
                            + Int64(h) * ctx.o_stride_h + Int64(c0))
-                    dst = cute.make_tensor(ctx.o + cute.assume(off, divby=_VEC), cute.make_layout(_VEC))
+                    dst = cute.make_tensor(ctx.o + cute.assume(off, divby=VEC), cute.make_layout(VEC))
                     dst.store(res.to(dtype))
                     if ctx.write_lse != 0:
                         if c0 == 0:
@@ -564,7 +490,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
         sQ_ptr = storage.sQ.data_ptr()
         ring_ptr = storage.sKV.data_ptr()
-        tile_layout = _smem_layout(BN, D)
+        tile_layout = smem_tile_layout(BN, D)
         ctx = SimpleNamespace(
             tidx=Int32(tidx), split=split, bidx=bidx, kvh=kvh, row_tile=row_tile,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
@@ -584,11 +510,11 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             scale_log2=softmax_scale * Float32(LOG2_E),
             sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
-            q_layout=_smem_layout(_ROWS, D),
+            q_layout=smem_tile_layout(_ROWS, D),
             tile_layout=tile_layout,
             # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
             warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (KW, D), (0, 0)).layout,
-            g2s=_make_g2s(dtype),
+            g2s=make_g2s(dtype, _THREADS),
             mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
@@ -600,17 +526,17 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         thr_mma0 = tiled_mma.get_slice(Int32(tidx) & 31)
         ctx.acc_O = []
         for h in cutlass.range_constexpr(N_CHUNKS):
-            acc = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, _ATOM_COLS)), Float32)
+            acc = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, ATOM_COLS)), Float32)
             acc.fill(0.0)
             ctx.acc_O.append(acc)
         ctx.row_max = cute.make_rmem_tensor((2,), Float32)
         ctx.row_sum = cute.make_rmem_tensor((2,), Float32)
-        ctx.row_max.fill(_NEG_INF)
+        ctx.row_max.fill(NEG_INF)
         ctx.row_sum.fill(0.0)
         ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, KW)), dtype)
         # key limit of this thread's two rows: j < min(hi, S_kv - S_q + 1 + i)
         cS = cute.make_identity_tensor((_ROWS, KW))
-        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+        t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
         row0 = thr_mma0.partition_C(cS)[0][0]
         row_lim = cute.make_rmem_tensor((2,), Int32)
         for r in cutlass.range_constexpr(2):
@@ -677,7 +603,7 @@ _CHECK_CTA_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
 def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
     """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
 
-    1. P, the fp32 S accumulator (16, KW) viewed by _acc_to_a_operand, holds at each A-operand slot
+    1. P, the fp32 S accumulator (16, KW) viewed by acc_to_a_operand, holds at each A-operand slot
        the (row, col) the MMA's A partition of S expects there.
     2. S accumulator coordinates are lane 0's (compile time) plus the lane's first element's, and
        a lane holds exactly 2 rows (masks, row limits and the merge rows rely on it).
@@ -692,15 +618,15 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
     D = head_dim
     errors = []
     mma = _make_warp_mma(dtype)
-    g2s = _make_g2s(dtype)
+    g2s = make_g2s(dtype, _THREADS)
     cS = cute.make_identity_tensor((_ROWS, KW))
-    t0S = _acc_mn_view(mma.get_slice(0).partition_C(cS))
+    t0S = acc_mn_view(mma.get_slice(0).partition_C(cS))
     if cute.size(t0S, mode=[0]) != 2:
         errors.append(f"a lane holds {cute.size(t0S, mode=[0])} accumulator rows, not 2")
     for t in (0,) + _CHECK_THREADS:
         thr = mma.get_slice(t)
         tScS = thr.partition_C(cS)
-        p_view = cute.make_tensor(tScS.iterator, _acc_to_a_operand(tScS.layout))
+        p_view = cute.make_tensor(tScS.iterator, acc_to_a_operand(tScS.layout))
         a_part = thr.partition_A(cS)
         if cute.size(p_view) != cute.size(a_part):
             errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
@@ -709,7 +635,7 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
                 if tuple(p_view[i]) != tuple(a_part[i]):
                     errors.append(f"lane {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
                     break
-        tS = _acc_mn_view(tScS)
+        tS = acc_mn_view(tScS)
         r0, c0 = tScS[0]
         for r in range(cute.size(tS, mode=[0])):
             for c in range(cute.size(tS, mode=[1])):
@@ -735,12 +661,12 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
                         errors.append(f"thread {t}: row-iteration {j} element {e} at {sub[e]}, source column {src[e][1]}")
                         break
     p_tile = cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024)
-    tile = cute.make_tensor(p_tile, _smem_layout(BN, D))
+    tile = cute.make_tensor(p_tile, smem_tile_layout(BN, D))
     wl = cute.local_tile(tile, (KW, D), (0, 0)).layout
     for w in range(_WARPS):
         for rr in range(KW):
             for cc in range(0, D, 8):
-                a = wl((rr, cc)) + w * KW * _ATOM_COLS
+                a = wl((rr, cc)) + w * KW * ATOM_COLS
                 b = tile.layout((w * KW + rr, cc))
                 if a != b:
                     errors.append(f"warp {w}: view ({rr},{cc}) at {a}, tile row {w * KW + rr} at {b}")
@@ -750,7 +676,7 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
 
 def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90") -> list[str]:
     """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
-    dtype = _DTYPES[dtype_name]
+    dtype = DTYPES[dtype_name]
     out: list[str] = []
 
     @cute.jit
@@ -778,7 +704,7 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     _check_params()
     if variant.family != "sdpa_decode":
         raise ValueError(f"not an sdpa_decode variant: {variant.name}")
-    dtype = _DTYPES[variant["dtype"]]
+    dtype = DTYPES[variant["dtype"]]
     head_dim = int(variant["head_dim"])
     page = page_size_of(variant["kv"])
     return compile_least_spilling(

@@ -50,31 +50,19 @@ opaque copy of the thread index and of the smem base (otherwise LLVM hoists doze
 loop-invariant addresses into registers for the whole loop), and ptxas runs at -O3, or at
 -O2 or -O1 where -O3 needs local memory (chosen by reading the cubin's frame size).
 """
-import math
 from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill import PARAMS, TILES
+from ._attention import (ATOM_COLS, DTYPES, LOG2_E, NEG_INF, VEC, acc_mn_view, acc_to_a_operand, kv_block_range,
+                         make_g2s, make_s2g, normalize_rows, opaque_i32, seq_bounds, smem_tile_layout, softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
-_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
-
-LOG2_E = 1.4426950408889634074
-LN_2 = 0.6931471805599453094
-_NEG_INF = -math.inf
-_VEC = 8  # 16-bit elements per 128-bit access
-_ATOM_COLS = 64  # columns of the smem swizzle atom (128 bytes)
-
-# ptxas optimization levels tried in order: the first whose cubin has no stack frame (no
-# register spills) wins, else the one with the smallest frame. -O3 is ptxas' default; at 255
-# registers its load hoisting sometimes spills a few values where -O2/-O1 does not.
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -85,50 +73,9 @@ def smem_bytes(head_dim: int) -> int:
 
 # ---------------------------------------------------------------------------- layout helpers
 
-def _acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an m16n8 accumulator fragment ((2,2), MMA_M, MMA_N) as (rows, cols) of this thread."""
-    lay = cute.make_layout(acc.layout.shape)  # compact column-major over the same shape
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
-def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
-    """(4, MMA_M, MMA_N) accumulator layout -> ((4, 2), MMA_M, MMA_N / 2) A-operand layout.
-
-    Two neighbouring n8 accumulator tiles of an m16n8k16 MMA hold exactly the 16 columns of one
-    k16 A fragment (cols 2t, 2t+1 of the first tile are a0/a1 and a2/a3, of the second a4..a7).
-    verify_mappings() checks this against the MMA's own A partition.
-    """
-    d = cute.logical_divide(layout, (None, None, 2))
-    return cute.make_layout(
-        ((d.shape[0], d.shape[2][0]), d.shape[1], d.shape[2][1]),
-        stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]),
-    )
-
-
 def _chunked_n(t: cute.Tensor) -> cute.Tensor:
     """(V, M, N) accumulator -> (V, M, (8, N/8)): mode (None, h) is the h-th 64 columns."""
-    return cute.make_tensor(t.iterator, cute.logical_divide(t.layout, (None, None, _ATOM_COLS // 8)))
-
-
-@dsl_user_op
-def _opaque_i32(x, *, loc=None, ip=None) -> Int32:
-    """x through a volatile mov: LLVM can neither fold it nor hoist it out of a loop."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    ))
-
-
-def _quad_allreduce(val, op):
-    """Reduce over the 4 threads of a quad (the threads sharing accumulator rows)."""
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-    return val
+    return cute.make_tensor(t.iterator, cute.logical_divide(t.layout, (None, None, ATOM_COLS // 8)))
 
 
 def _make_tiled_mma(dtype, warps: int):
@@ -139,39 +86,12 @@ def _make_tiled_mma(dtype, warps: int):
     )
 
 
-def _make_g2s(dtype, threads: int):
-    """128-bit cp.async, 8 threads along a 64-column row, threads/8 rows per pass."""
-    atom = cute.make_copy_atom(
-        cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
-    cols = _ATOM_COLS // _VEC
-    return cute.make_tiled_copy_tv(
-        atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
-
-
-def _make_s2g(dtype, threads: int):
-    """128-bit smem -> rmem -> gmem copy of O, same thread arrangement as _make_g2s."""
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-    cols = _ATOM_COLS // _VEC
-    return cute.make_tiled_copy_tv(
-        atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
-
-
-def _smem_layout(rows: int, cols: int):
-    """(rows, cols) in 64-column atoms, XOR-swizzled 16-byte chunks (Swizzle<3,3,3>): conflict-free
-    128-bit cp.async stores and ldmatrix loads."""
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, _ATOM_COLS), stride=(_ATOM_COLS, 1)))
-    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
-
-
-# ---------------------------------------------------------------------------- the kernel
-
 def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
     bm, bn, warps = TILES[head_dim]
     D = head_dim
     threads = 32 * warps
-    if D % _ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
+    if D % ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
         raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
     assert not (ragged and packed)
 
@@ -211,7 +131,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     @cute.jit
     def prologue(ctx, n_max):
         """cp.async the Q tile (rows >= S_q zero-filled) and the K tile of block n_max - 1."""
-        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         thr = ctx.g2s.get_slice(tid)
         tQgQ = thr.partition_S(ctx.gQ)
         tQsQ = thr.partition_D(ctx.sQ)
@@ -230,10 +150,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     @cute.jit
     def kv_block(ctx, n, masked: cutlass.Constexpr):
         """kv block n: S = Q K^T, [mask], online softmax, O += P V; overlaps the V[n], K[n-1] loads."""
-        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
         # are not hoisted out of the loop either: the constants stay instruction immediates
-        zero = cute.assume(_opaque_i32(Int32(0)), divby=1024)
+        zero = cute.assume(opaque_i32(Int32(0)), divby=1024)
         sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
         sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
@@ -281,10 +201,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         cute.arch.cp_async_commit_group()
 
         # [mask], online softmax, rescale O
-        S_mn = _acc_mn_view(acc_S)
-        O_mn = _acc_mn_view(acc_O)
+        S_mn = acc_mn_view(acc_S)
+        O_mn = acc_mn_view(acc_O)
         cS = cute.make_identity_tensor((bm, bn))
-        t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))  # compile-time coords
+        t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))  # compile-time coords
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
@@ -303,27 +223,17 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 if cutlass.const_expr(causal):
                     lim_r = cutlass.min(col_lim, causal_lim + t0ScS_mn[r, 0][0])
                 for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim_r else Float32(_NEG_INF)
-            row = S_mn[r, None].load()
-            m_prev = row_max[r]
-            m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
-            row_max[r] = m_cur
-            # a row that has seen no visible key keeps max -inf: offset 0 then, so p = 2^-inf = 0
-            m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
-            p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
-            alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-            # per-thread partial row sums; the quad reduction is done once, in the epilogue
-            row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            S_mn[r, None].store(p)
+                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim_r else Float32(NEG_INF)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             O_mn[r, None].store(O_mn[r, None].load() * alpha)
 
         # O += P V; P converted in registers and viewed as the A operand
         rP = cute.make_rmem_tensor_like(acc_S, dtype)
         rP.store(acc_S.load().to(dtype))
-        tOrP = cute.make_tensor(rP.iterator, _acc_to_a_operand(rP.layout))
+        tOrP = cute.make_tensor(rP.iterator, acc_to_a_operand(rP.layout))
         # in 64-column chunks of D (one smem atom of V): only one chunk's V fragments (and the
         # next prefetched ones) are live at a time
-        n_chunks = D // _ATOM_COLS
+        n_chunks = D // ATOM_COLS
         steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
         acc_O_c = _chunked_n(acc_O)
 
@@ -347,23 +257,16 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     @cute.jit
     def epilogue(ctx):
         """O = acc / rowsum -> smem (the Q buffer) -> 128-bit stores of rows < S_q; LSE."""
-        tid = _opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
         tiled_mma = ctx.tiled_mma
         thr_mma = tiled_mma.get_slice(tid)
         acc_O = ctx.acc_O
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         n_rows = cute.size(row_max)
-        O_mn = _acc_mn_view(acc_O)
+        O_mn = acc_mn_view(acc_O)
         lse_r = cute.make_rmem_tensor((n_rows,), Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            total = _quad_allreduce(row_sum[r], lambda a, b_: a + b_)
-            inv = Float32(1.0)
-            lse_r[r] = Float32(_NEG_INF)  # no visible key: O = 0 (acc is 0), LSE = -inf
-            if total > Float32(0.0):
-                inv = cute.arch.rcp_approx(total)
-                lse_r[r] = (row_max[r] * ctx.scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
-            O_mn[r, None].store(O_mn[r, None].load() * inv)
+        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r)
 
         # every cp.async retired (the Q tile too when no kv block ran), every warp done with sQ
         cute.arch.cp_async_wait_group(0)
@@ -390,7 +293,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         if ctx.write_lse != 0:
             cS = cute.make_identity_tensor((bm, bn))
             tScS = thr_mma.partition_C(cS)
-            t0ScS_mn = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+            t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
             row0 = tScS[0][0]
             if tScS[0][1] == 0:  # one thread of each quad writes the quad's rows
                 row_lim = ctx.s_q - ctx.m_block * bm - row0
@@ -419,16 +322,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         head = Int32(head)
         bidx = Int32(bidx)
 
-        # ---------------------------------------------------------------- sequence bounds
-        q_start = Int32(0)
-        kv_start = Int32(0)
-        s_q = seqlen_q
-        s_kv = seqlen_kv
-        if cutlass.const_expr(ragged):
-            q_start = cu_seqlens_q[bidx]
-            s_q = cu_seqlens_q[bidx + 1] - q_start
-            kv_start = cu_seqlens_kv[bidx]
-            s_kv = cu_seqlens_kv[bidx + 1] - kv_start
+        q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, ragged)
 
         # the grid covers max_seqlen_q: tiles past this sequence's end do nothing
         if m_block * bm < s_q:
@@ -437,14 +331,14 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             # -------------------------------------------------------- global tensors
             if cutlass.const_expr(packed):
                 # contiguous [B, S, H, D]: 64-bit batch offset, 32-bit offsets inside a batch
-                q_row = cute.assume(heads_q * D, divby=_VEC)
-                kv_row = cute.assume(heads_kv * D, divby=_VEC)
-                q_base = cute.assume(Int64(bidx) * Int64(s_q) * Int64(q_row), divby=_VEC)
-                kv_base = cute.assume(Int64(bidx) * Int64(s_kv) * Int64(kv_row), divby=_VEC)
-                q_ptr = q + q_base + cute.assume(head * D, divby=_VEC)
-                o_ptr = o + q_base + cute.assume(head * D, divby=_VEC)
-                k_ptr = k + kv_base + cute.assume(kv_head * D, divby=_VEC)
-                v_ptr = v + kv_base + cute.assume(kv_head * D, divby=_VEC)
+                q_row = cute.assume(heads_q * D, divby=VEC)
+                kv_row = cute.assume(heads_kv * D, divby=VEC)
+                q_base = cute.assume(Int64(bidx) * Int64(s_q) * Int64(q_row), divby=VEC)
+                kv_base = cute.assume(Int64(bidx) * Int64(s_kv) * Int64(kv_row), divby=VEC)
+                q_ptr = q + q_base + cute.assume(head * D, divby=VEC)
+                o_ptr = o + q_base + cute.assume(head * D, divby=VEC)
+                k_ptr = k + kv_base + cute.assume(kv_head * D, divby=VEC)
+                v_ptr = v + kv_base + cute.assume(kv_head * D, divby=VEC)
                 q_ss = q_row
                 o_ss = q_row
                 k_ss = kv_row
@@ -452,10 +346,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 lse_off = (Int64(bidx) * Int64(heads_q) + Int64(head)) * Int64(s_q)  # [B, H, S]
                 lse_ss = Int64(1)
             else:
-                q_ss = cute.assume(q_stride_s, divby=_VEC)
-                k_ss = cute.assume(k_stride_s, divby=_VEC)
-                v_ss = cute.assume(v_stride_s, divby=_VEC)
-                o_ss = cute.assume(o_stride_s, divby=_VEC)
+                q_ss = cute.assume(q_stride_s, divby=VEC)
+                k_ss = cute.assume(k_stride_s, divby=VEC)
+                v_ss = cute.assume(v_stride_s, divby=VEC)
+                o_ss = cute.assume(o_stride_s, divby=VEC)
                 lse_ss = lse_stride_s
                 if cutlass.const_expr(ragged):
                     q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
@@ -469,10 +363,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                     k_off = Int64(bidx) * k_stride_b + Int64(kv_head) * k_stride_h
                     v_off = Int64(bidx) * v_stride_b + Int64(kv_head) * v_stride_h
                     lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
-                q_ptr = q + cute.assume(q_off, divby=_VEC)
-                o_ptr = o + cute.assume(o_off, divby=_VEC)
-                k_ptr = k + cute.assume(k_off, divby=_VEC)
-                v_ptr = v + cute.assume(v_off, divby=_VEC)
+                q_ptr = q + cute.assume(q_off, divby=VEC)
+                o_ptr = o + cute.assume(o_off, divby=VEC)
+                k_ptr = k + cute.assume(k_off, divby=VEC)
+                v_ptr = v + cute.assume(v_off, divby=VEC)
 
             mQ = cute.make_tensor(q_ptr, cute.make_layout((s_q, D), stride=(q_ss, 1)))
             mO = cute.make_tensor(o_ptr, cute.make_layout((s_q, D), stride=(o_ss, 1)))
@@ -490,11 +384,11 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 gO=cute.local_tile(mO, (bm, D), (m_block, 0)),
                 gK=cute.local_tile(mK, (bn, D), (None, 0)),  # (bn, D, n_blocks)
                 gV=cute.local_tile(mV, (bn, D), (None, 0)),
-                sQ=storage.sQ.get_tensor(_smem_layout(bm, D)),
-                sK=storage.sK.get_tensor(_smem_layout(bn, D)),
-                sV=storage.sV.get_tensor(_smem_layout(bn, D)),
-                g2s=_make_g2s(dtype, threads),
-                s2g=_make_s2g(dtype, threads),
+                sQ=storage.sQ.get_tensor(smem_tile_layout(bm, D)),
+                sK=storage.sK.get_tensor(smem_tile_layout(bn, D)),
+                sV=storage.sV.get_tensor(smem_tile_layout(bn, D)),
+                g2s=make_g2s(dtype, threads),
+                s2g=make_s2g(dtype, threads),
                 tiled_mma=tiled_mma,
                 s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
                 s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
@@ -506,32 +400,15 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             # fp32 O accumulator, running row max and per-thread partial row sum
             ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, D)), Float32)
             ctx.acc_O.fill(0.0)
-            n_rows = cute.size(_acc_mn_view(ctx.acc_O), mode=[0])
+            n_rows = cute.size(acc_mn_view(ctx.acc_O), mode=[0])
             ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
             ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
-            ctx.row_max.fill(_NEG_INF)
+            ctx.row_max.fill(NEG_INF)
             ctx.row_sum.fill(0.0)
 
-            # -------------------------------------------------------- kv block range
-            n_blocks = (s_kv + (bn - 1)) // bn
-            n_max = n_blocks
-            n_mask_min = n_max - 1  # non-causal: only the last (sequence-tail) block is masked
-            if cutlass.const_expr(causal):
-                # the tile's last row sees keys up to m_block*bm + bm - 1 + S_kv - S_q
-                lim = m_block * bm + bm + s_kv - s_q
-                n_causal = Int32(0)
-                if lim > 0:
-                    n_causal = (lim + (bn - 1)) // bn
-                n_max = cutlass.min(n_blocks, n_causal)
-                # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are visible to every row
-                first_masked = Int32(0)
-                lim_lo = m_block * bm + 1 + s_kv - s_q
-                if lim_lo > 0:
-                    first_masked = lim_lo // bn
-                n_mask_min = cutlass.min(first_masked, n_max - 1)
-            # no kv block at all (S_kv = 0, or a causal tile that sees no key): both loops run 0
-            # times and the epilogue writes O = 0, LSE = -inf
-            n_mask_min = cutlass.max(n_mask_min, 0)
+            # kv blocks n_max-1 .. n_mask_min need masks; with none at all (S_kv = 0, or a causal tile
+            # that sees no key) both loops run 0 times and the epilogue writes O = 0, LSE = -inf
+            n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, bm, bn, causal)
 
             prologue(ctx, n_max)
             # blocks n_max-1 .. n_mask_min with masks and predicated loads, n_mask_min-1 .. 0 without
@@ -583,7 +460,7 @@ _CHECK_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
 def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
     """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
 
-    1. P, the fp32 S accumulator viewed by _acc_to_a_operand, holds at each A-operand slot the
+    1. P, the fp32 S accumulator viewed by acc_to_a_operand, holds at each A-operand slot the
        (row, col) that the MMA's A partition of S expects there.
     2. Accumulator coordinates are thread 0's (compile time) plus the thread's first element's
        (the masks and the LSE rows rely on it), for S (bm, bn) in the mn view.
@@ -598,23 +475,23 @@ def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
     threads = 32 * warps
     errors = []
     tiled_mma = _make_tiled_mma(dtype, warps)
-    g2s = _make_g2s(dtype, threads)
+    g2s = make_g2s(dtype, threads)
     ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
     s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
     cS = cute.make_identity_tensor((bm, bn))
     cO = cute.make_identity_tensor((bm, D))
     cVt = cute.make_identity_tensor((D, bn))
-    sV = cute.make_tensor(cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024), _smem_layout(bn, D))
+    sV = cute.make_tensor(cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024), smem_tile_layout(bn, D))
     sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))
-    t0S = _acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
-    n_chunks = D // _ATOM_COLS
+    t0S = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
+    n_chunks = D // ATOM_COLS
     for t in _CHECK_THREADS:
         if t >= threads:
             continue
         thr = tiled_mma.get_slice(t)
         # 1
         tScS = thr.partition_C(cS)
-        p_view = cute.make_tensor(tScS.iterator, _acc_to_a_operand(tScS.layout))
+        p_view = cute.make_tensor(tScS.iterator, acc_to_a_operand(tScS.layout))
         a_part = thr.partition_A(cS)
         if cute.size(p_view) != cute.size(a_part):
             errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
@@ -624,7 +501,7 @@ def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
                     errors.append(f"thread {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
                     break
         # 2
-        tS = _acc_mn_view(tScS)
+        tS = acc_mn_view(tScS)
         r0, c0 = tScS[0]
         for r in range(cute.size(tS, mode=[0])):
             for c in range(cute.size(tS, mode=[1])):
@@ -677,7 +554,7 @@ def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
 
 def verify_mappings(head_dim: int, dtype_name: str = "bf16") -> list[str]:
     """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
-    dtype = _DTYPES[dtype_name]
+    dtype = DTYPES[dtype_name]
     out: list[str] = []
 
     @cute.jit
@@ -704,7 +581,7 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     _check_params()
     if variant.family != "sdpa_prefill":
         raise ValueError(f"not an sdpa_prefill variant: {variant.name}")
-    dtype = _DTYPES[variant["dtype"]]
+    dtype = DTYPES[variant["dtype"]]
     head_dim = int(variant["head_dim"])
     ragged = variant["layout"] == "ragged"
     causal = bool(variant["causal"])

@@ -1,36 +1,40 @@
 """CuTe DSL kernel for the sdpa_prefill_sm90 family (see aotc.families.sdpa_prefill_sm90).
 
 Hopper flash-attention forward: TMA loads into a shared-memory ring guarded by mbarriers,
-wgmma tensor-core GEMMs, warp specialization.
+wgmma tensor-core GEMMs, warp specialization, a persistent tile loop.
 
-One CTA (3 warpgroups, 384 threads) computes a (block_m = 128) x D tile of O for one
-(batch, head): CTA = (m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z).
+Work unit: a tile of block_m = 128 query rows of one (batch, head). The grid has at most one
+CTA per SM; in round i, CTA c takes tile i * gridDim.x + c (c reversed in odd rounds: a snake,
+which evens out the unequal causal tiles). Tile order: non-causal, m_block fastest (the CTAs of
+one head share its K/V in L2); causal, longest tiles first. A CTA is 3 warpgroups (384 threads):
 
-  warpgroup 0, producer (24 registers/thread after setmaxnreg): one elected thread issues
-      the TMA loads: the Q tile once (one 64-row box per consumer warpgroup and 64-column
-      chunk of D), then K[n] and V[n] for every visible kv block n, from the last one down,
-      into a `stages`-deep ring. full[s] barriers count the bytes in (expect_tx); empty[s]
-      barriers collect one arrive per consumer warp once a stage has been read.
-  warpgroups 1 and 2, consumers (240 registers/thread): each owns 64 query rows. Per kv block:
-      wait K full -> S = Q K^T (wgmma, both operands in smem, fp32) -> release K ->
-      [mask] -> online softmax (exp2, scale folded in) -> rescale O -> P to fp16/bf16 in
-      registers (the A operand of the next wgmma) -> wait V full -> O += P V (wgmma, A from
-      registers, V^T read MN-major from smem) -> release V.
-      The two consumer warpgroups interleave on the tensor cores: one's softmax runs while
-      the other's GEMMs do.
+  warpgroup 0, producer (24 registers/thread after setmaxnreg): one elected thread issues the
+      TMA loads of each tile: K of its first kv block, then Q (one 64-row box per consumer
+      warpgroup and 64-column chunk of D, once the consumers have released Q's buffer), then
+      V and the other kv blocks, the last block first, into a `stages`-deep ring. full[s]
+      barriers count the bytes in (expect_tx); empty[s] and Q_EMPTY collect one arrive per
+      consumer warp.
+  warpgroups 1 and 2, consumers (240 registers/thread): each owns 64 query rows. Block 0:
+      S = Q K^T (wgmma, both operands in smem, fp32), [mask], online softmax, P to fp16/bf16 in
+      registers. Block t >= 1: S(t) = Q K(t)^T and O += P(t-1) V(t-1) (wgmma with A from
+      registers, V^T read MN-major from smem) are issued together; the softmax of S(t) runs
+      while the PV GEMM is in flight; then O is rescaled and P(t) replaces P(t-1). Last: O +=
+      P V. Q's buffer is released after the tile's last S GEMM, so the next tile's Q loads
+      during this one's last GEMM and epilogue. Optional ping-pong named barriers make the two
+      warpgroups take turns issuing GEMMs (TILES says per head dim).
 
-The ring's stage and phase follow from the kv-iteration index t (stage = t % stages, phase =
-(t // stages) & 1): producer and consumers walk the same blocks, so no state is carried.
+The ring's stage and phase follow from a running count of kv blocks that producer and
+consumers advance alike (ring()), so no pipeline state is exchanged.
 
-Masks, empty rows and LSE follow the portable family: key j is visible to query i iff
-j < S_kv and, causal (bottom-right), j <= i + S_kv - S_q; blocks needing a mask (the last
-one(s)) run in a loop of their own; a row that sees no key gets O = 0 and LSE = -inf.
-Rows of Q/K/V past the tensor end read as zero (TMA out-of-bounds fill).
+Masks, empty rows and LSE follow the portable family (aotc.kernels._attention): key j is
+visible to query i iff j < S_kv and, causal (bottom-right), j <= i + S_kv - S_q; blocks needing
+a mask run in a loop of their own; a row that sees no key gets O = 0 and LSE = -inf. Rows of
+Q/K/V past the tensor end read as zero (TMA out-of-bounds fill).
 
-Epilogue per consumer warpgroup: O / rowsum -> fp16/bf16 -> its own Q slab in smem ->
+Epilogue per consumer warpgroup: O / rowsum -> fp16/bf16 -> its O staging slab in smem (its Q
+slab for D256, which has no room for one; Q is then released after the slab is read back) ->
 128-bit stores of the rows < S_q; LSE by one thread per quad.
 """
-import math
 from types import SimpleNamespace
 
 import cutlass
@@ -44,14 +48,11 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, THREADS, TILES, TMA_BOX_COLS
+from ._attention import (DTYPES, LOG2_E, NEG_INF, VEC, kv_block_range, make_s2g, normalize_rows, seq_bounds,
+                         softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
-_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 
-LOG2_E = 1.4426950408889634074
-LN_2 = 0.6931471805599453094
-_NEG_INF = -math.inf
-_VEC = 8  # 16-bit elements per 128-bit access
 _WG = 128  # threads per warpgroup
 _CONSUMER_WARPS = 8
 _PRODUCER_REGS = 24
@@ -60,13 +61,14 @@ _CONSUMER_REGS = 240
 
 _SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 _BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
+_STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
 
 
 def separate_o(head_dim: int) -> bool:
     """Whether an O staging tile fits beside Q and the K/V ring (else O is staged in Q's tile,
     and the next tile's Q waits for the epilogue)."""
     bm, bn, stages, _ = TILES[head_dim]
-    return _BARRIER_BYTES + (2 * bm * head_dim + 2 * stages * bn * head_dim) * 2 <= _SMEM_LIMIT - 1024
+    return _BARRIER_BYTES + (2 * bm * head_dim + 2 * stages * bn * head_dim) * 2 <= _SMEM_LIMIT - _STATIC_SMEM
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -102,13 +104,6 @@ def _acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
     )
 
 
-def _quad_allreduce(val, op):
-    """Reduce over the 4 threads of a quad (the threads sharing accumulator rows)."""
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
-    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
-    return val
-
-
 def _smem_layout(dtype, rows: int, head_dim: int, stages: int):
     """(rows, D, stages), K-major 128-byte-swizzled wgmma atoms (8 x 64) stacked along rows first,
     then along D: each 64-column chunk of a stage is one contiguous TMA box of rows x 128 bytes."""
@@ -117,8 +112,8 @@ def _smem_layout(dtype, rows: int, head_dim: int, stages: int):
     return cute.tile_to_shape(atom, (rows, head_dim, stages), (0, 1, 2))
 
 
-def _gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool, wait: bool):
-    """acc (+)= A B over every k slice as one wgmma group; waited for when `wait`."""
+def _gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool):
+    """Issue acc (+)= A B over every k slice as one wgmma group (the caller waits with wait_group)."""
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
@@ -126,19 +121,7 @@ def _gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool, wait: bool):
         cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
-    if wait:
-        warpgroup.wait_group(0)
 
-
-def _make_s2g(dtype, threads: int):
-    """128-bit smem -> rmem -> gmem copy of O: 8 threads along a 64-column row."""
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
-    cols = TMA_BOX_COLS // _VEC
-    return cute.make_tiled_copy_tv(
-        atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, _VEC)))
-
-
-# ---------------------------------------------------------------------------- the kernel
 
 def _build(dtype, head_dim: int, ragged: bool, causal: bool):
     """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
@@ -155,7 +138,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
 
     @cute.struct
     class SharedStorage:
-        bars: cute.struct.Align[cute.struct.MemRange[Int64, 128], 1024]
+        bars: cute.struct.Align[cute.struct.MemRange[Int64, _BARRIER_BYTES // 8], 1024]
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, 2 * n_wg_rows * D], 1024]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
@@ -204,42 +187,6 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             return m_block, rest % heads_q, rest // heads_q
         rest = tile // m_blocks
         return tile % m_blocks, rest % heads_q, rest // heads_q
-
-    @cute.jit
-    def kv_range(m_block, s_q, s_kv):
-        """(n_max, n_mask_min): kv blocks 0 .. n_max-1 are visited; n_mask_min .. n_max-1 need a mask."""
-        n_blocks = (s_kv + (bn - 1)) // bn
-        n_max = n_blocks
-        n_mask_min = n_max - 1  # non-causal: only the last (sequence-tail) block is masked
-        if cutlass.const_expr(causal):
-            # the tile's last row sees keys up to m_block*bm + bm - 1 + S_kv - S_q
-            lim = m_block * bm + bm + s_kv - s_q
-            n_causal = Int32(0)
-            if lim > 0:
-                n_causal = (lim + (bn - 1)) // bn
-            n_max = cutlass.min(n_blocks, n_causal)
-            # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are visible to every row
-            first_masked = Int32(0)
-            lim_lo = m_block * bm + 1 + s_kv - s_q
-            if lim_lo > 0:
-                first_masked = lim_lo // bn
-            n_mask_min = cutlass.min(first_masked, n_max - 1)
-        # no kv block at all (S_kv = 0, or a causal tile that sees no key): n_max = 0
-        return n_max, cutlass.max(n_mask_min, 0)
-
-    @cute.jit
-    def seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv):
-        """(q_start, s_q, kv_start, s_kv) of sequence bidx."""
-        q_start = Int32(0)
-        kv_start = Int32(0)
-        s_q = seqlen_q
-        s_kv = seqlen_kv
-        if cutlass.const_expr(ragged):
-            q_start = cu_seqlens_q[bidx]
-            s_q = cu_seqlens_q[bidx + 1] - q_start
-            kv_start = cu_seqlens_kv[bidx]
-            s_kv = cu_seqlens_kv[bidx + 1] - kv_start
-        return q_start, s_q, kv_start, s_kv
 
     @cute.jit
     def tma_coords(col, row, head, bidx):
@@ -299,12 +246,12 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
     def issue_qk(ctx, s):
         """S = Q K[stage s]^T, issued (one wgmma group), not waited for."""
         acc_S = cute.make_rmem_tensor(ctx.thr_qk.partition_shape_C((n_wg_rows, bn)), Float32)
-        _gemm(ctx.mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, s], zero_init=True, wait=False)
+        _gemm(ctx.mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, s], zero_init=True)
         return acc_S
 
     def issue_pv(ctx, s):
         """O += P V[stage s] (P from registers), issued, not waited for."""
-        _gemm(ctx.mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrVt[None, None, None, s], zero_init=False, wait=False)
+        _gemm(ctx.mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrVt[None, None, None, s], zero_init=False)
 
     @cute.jit
     def softmax(ctx, acc_S, n, masked: cutlass.Constexpr):
@@ -325,18 +272,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                 if cutlass.const_expr(causal):
                     lim_r = cutlass.min(col_lim, causal_lim + ctx.cS_mn[r, 0][0])
                 for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    S_mn[r, c] = S_mn[r, c] if ctx.cS_mn[0, c][1] < lim_r else Float32(_NEG_INF)
-            row = S_mn[r, None].load()
-            m_prev = row_max[r]
-            m_cur = _quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
-            row_max[r] = m_cur
-            # a row that has seen no visible key keeps max -inf: offset 0 then, so p = 2^-inf = 0
-            m_scaled = (Float32(0.0) if m_cur == Float32(_NEG_INF) else m_cur) * scale_log2
-            p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
-            alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-            # per-thread partial row sums; the quad reduction is done once, in the epilogue
-            row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            S_mn[r, None].store(p)
+                    S_mn[r, c] = S_mn[r, c] if ctx.cS_mn[0, c][1] < lim_r else Float32(NEG_INF)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             ctx.alpha[r] = alpha
 
     @cute.jit
@@ -419,14 +356,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         n_rows = cute.size(row_max)
         O_mn = _acc_mn_view(acc_O)
         lse_r = cute.make_rmem_tensor((n_rows,), Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            total = _quad_allreduce(row_sum[r], lambda a, b_: a + b_)
-            inv = Float32(1.0)
-            lse_r[r] = Float32(_NEG_INF)  # no visible key: O = 0 (acc is 0), LSE = -inf
-            if total > Float32(0.0):
-                inv = cute.arch.rcp_approx(total)
-                lse_r[r] = (row_max[r] * ctx.scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
-            O_mn[r, None].store(O_mn[r, None].load() * inv)
+        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r)
 
         rO = cute.make_rmem_tensor_like(acc_O, dtype)
         rO.store(acc_O.load().to(dtype))
@@ -439,13 +369,13 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
 
-        s2g = _make_s2g(dtype, _WG)
+        s2g = make_s2g(dtype, _WG)
         s2g_thr = s2g.get_slice(ctx.wg_tid)
         row_base = ctx.m_block * bm + wg_index * n_wg_rows  # first row of this warpgroup's slab
         # the runtime guarantees 16-byte aligned O and strides that are multiples of 8 elements
         # (assumed here, where it is used: a value carried into the tile loop loses its assumptions)
-        o_ss = cute.assume(ctx.o_ss, divby=_VEC)
-        o_tile = o + cute.assume(ctx.o_off + Int64(row_base) * o_ss, divby=_VEC)
+        o_ss = cute.assume(ctx.o_ss, divby=VEC)
+        o_tile = o + cute.assume(ctx.o_off + Int64(row_base) * o_ss, divby=VEC)
         gO = cute.make_tensor(o_tile, cute.make_layout((n_wg_rows, D), stride=(o_ss, 1)))
         tOsO = s2g_thr.partition_S(sO)
         tOgO = s2g_thr.partition_D(gO)
@@ -520,9 +450,9 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                         tile = snake(i, first_tile, n_ctas)
                         m_block, head, bidx = tile_coords(tile, m_blocks, heads_q, batch)
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
-                                                                  cu_seqlens_kv)
+                                                                  cu_seqlens_kv, ragged)
                         if tile < n_tiles and m_block * bm < s_q:
-                            n_max, _ = kv_range(m_block, s_q, s_kv)
+                            n_max, _ = kv_block_range(m_block, s_q, s_kv, bm, bn, causal)
                             producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group,
                                           bidx, m_block, n_max, g0, q_count)
                             g0 = g0 + n_max
@@ -589,9 +519,9 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             for i in cutlass.range(rounds, unroll=1):
                 tile_id = snake(i, first_tile, n_ctas)
                 m_block, head, bidx = tile_coords(tile_id, m_blocks, heads_q, batch)
-                q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv)
+                q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, ragged)
                 if tile_id < n_tiles and m_block * bm < s_q:
-                    n_max, n_mask_min = kv_range(m_block, s_q, s_kv)
+                    n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, bm, bn, causal)
                     # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
                     tile = SimpleNamespace(**vars(ctx))
                     tile.m_block = m_block
@@ -605,7 +535,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                         tile.o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
                         tile.lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
                     ctx.acc_O.fill(0.0)
-                    ctx.row_max.fill(_NEG_INF)
+                    ctx.row_max.fill(NEG_INF)
                     ctx.row_sum.fill(0.0)
                     cute.arch.mbarrier_wait(bars + Q_FULL, q_count & 1)
                     # iterations 0 .. n_masked-1 (blocks n_max-1 .. n_mask_min) with masks, the rest without
@@ -678,7 +608,7 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
         raise ValueError(f"not an sdpa_prefill_sm90 variant: {variant.name}")
     if variant.arch != "sm_90a":
         raise ValueError(f"{variant.name}: sdpa_prefill_sm90 needs sm_90a (wgmma, setmaxnreg), got {variant.arch}")
-    dtype = _DTYPES[variant["dtype"]]
+    dtype = DTYPES[variant["dtype"]]
     head_dim = int(variant["head_dim"])
     return compile_least_spilling(
         lambda: _build(dtype, head_dim, variant["layout"] == "ragged", bool(variant["causal"])),

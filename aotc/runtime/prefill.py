@@ -20,7 +20,7 @@ from . import validate as V
 from .driver import multiprocessor_count
 from .launch import PreparedLaunch
 from .tensors import TensorArg, as_stream, as_tensor
-from .tma import DescriptorSlot, TiledRecipe
+from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
 FAMILY = "sdpa_prefill"
 HOPPER = "sdpa_prefill_sm90"
@@ -154,7 +154,7 @@ def hopper_recipes(kernel, t: dict, ragged: bool, dtype: str) -> tuple[dict | No
     rank = 3 if ragged else 4
     if int(tma["rank"]) != rank:
         return None, f"{kernel.variant.name} records rank {tma['rank']}, the layout needs {rank}"
-    elem = 2
+    elem = element_bytes(dtype)
     recipes = {}
     for name in ("q", "k", "v"):
         x = t[name]

@@ -26,6 +26,13 @@ _L2 = {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE", 64: "CU_TENSOR_MAP_L2_PROMOTION_L2_
        128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
 
 
+def element_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype a TMA descriptor can carry."""
+    if dtype not in _DTYPES:
+        raise ArgumentError("dtype", dtype, f"one of {sorted(_DTYPES)} for a TMA descriptor")
+    return _DTYPES[dtype][1]
+
+
 @dataclass(frozen=True)
 class TiledRecipe:
     """Everything about a descriptor but the pointer: fixed when a plan is prepared."""
