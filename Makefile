@@ -39,6 +39,7 @@ bench:
 	$(GPU_PYTHON) benchmarks/bench_runtime.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode.py --bundle artifacts/default.aotc --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out $(RESULTS)
 	for i in 1 2 3 4 5; do $(GPU_PYTHON) benchmarks/cold_start.py artifacts/default.aotc; done > $(RESULTS)/cold_start.jsonl
 	$(GPU_PYTHON) benchmarks/report.py --results $(RESULTS)
 

@@ -94,6 +94,11 @@ class KernelABI:
         return None
 
 
+def has_grid_dependency_control(arch: str) -> bool:
+    """Whether `arch` ("sm_90a", "sm_80", ...) has griddepcontrol (programmatic dependent launch): sm_90+."""
+    return int(arch[len("sm_"):].rstrip("af")) >= 90
+
+
 @dataclass(frozen=True)
 class LaunchFacts:
     """What a launch needs beyond the arguments; the grid comes from the family's grid rule."""

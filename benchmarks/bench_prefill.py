@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
+    ap.add_argument("--baseline-bundle", help="a second bundle (e.g. built from the previous commit): its dispatched "
+                                              "kernel runs as contender 'base' in the same rounds (A/B of a kernel change)")
     args = ap.parse_args()
 
     import torch
@@ -60,11 +62,12 @@ def main() -> None:
     import aotc.runtime
 
     rt = aotc.runtime.load(args.bundle)
+    rt_base = aotc.runtime.load(args.baseline_bundle) if args.baseline_bundle else None
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     flush = flush_buf.zero_
     rows = []
     shapes = []
-    for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 8192, 16384)), (64, ("bf16",), (2048, 8192, 16384)),
+    for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 4096, 8192, 16384)), (64, ("bf16",), (2048, 8192, 16384)),
                             (256, ("bf16",), (2048, 8192, 16384))]:
         for dtype in dtypes:
             for S in seqs:
@@ -99,6 +102,13 @@ def main() -> None:
                     contenders["general"] = (lambda p=general: p.run(*ptrs, 0, 0, 0, stream))
             except Exception as e:
                 row[f"{label}_error"] = f"{type(e).__name__}: {e}"
+        if rt_base is not None:
+            try:
+                base = rt_base.prepare_prefill(q, k, v, out, causal=causal)
+                row["base_variant"] = base.variant.name
+                contenders["base"] = (lambda p=base: p.run(*ptrs, 0, 0, 0, stream))
+            except Exception as e:
+                row["base_error"] = f"{type(e).__name__}: {e}"
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             def call(backend=backend):
                 with sdpa_kernel(backend):
@@ -123,6 +133,10 @@ def main() -> None:
                 for label in ("aotc", "portable"):
                     if f"{label}_ms" in row:
                         row[("" if label == "aotc" else "portable_") + f"x_{base}"] = row[f"{base}_ms"] / row[f"{label}_ms"]
+        if "base_ms" in row and "aotc_ms" in row:
+            row["x_base"] = row["base_ms"] / row["aotc_ms"]
+            if "cudnn_ms" in row:
+                row["base_x_cudnn"] = row["cudnn_ms"] / row["base_ms"]
         if "general_ms" in row and "portable_ms" in row:
             row["packed_speedup"] = row["general_ms"] / row["portable_ms"]
         rows.append(row)
@@ -143,11 +157,12 @@ def main() -> None:
     (out_dir / "prefill.json").write_text(json.dumps(result, indent=1))
     nan = float("nan")
     print(f"{'D':>4} {'dt':>5} {'S':>6} {'causal':>6} {'aotc TF/s':>10} {'portable':>9} {'flash':>8} {'cudnn':>8} "
-          f"{'x cudnn':>8} {'port x flash':>12}")
+          f"{'x cudnn':>8} {'port x flash':>12}" + (f" {'base x cudnn':>12} {'x base':>7}" if rt_base else ""))
     for r in rows:
         print(f"{r['D']:>4} {r['dtype']:>5} {r['S']:>6} {str(r['causal']):>6} {r.get('aotc_tflops', nan):>10.1f} "
               f"{r.get('portable_tflops', nan):>9.1f} {r.get('flash_tflops', nan):>8.1f} {r.get('cudnn_tflops', nan):>8.1f} "
-              f"{r.get('x_cudnn', nan):>8.2f} {r.get('portable_x_flash', nan):>12.2f}")
+              f"{r.get('x_cudnn', nan):>8.2f} {r.get('portable_x_flash', nan):>12.2f}"
+              + (f" {r.get('base_x_cudnn', nan):>12.2f} {r.get('x_base', nan):>7.2f}" if rt_base else ""))
 
 
 if __name__ == "__main__":

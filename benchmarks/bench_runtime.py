@@ -123,7 +123,7 @@ def main() -> None:
     g, b = lau.grid, lau.block
 
     def bare_bindings(_):
-        cu.cuLaunchKernel(kernel, g[0], g[1], g[2], b[0], b[1], b[2], 0, cstream, params, 0)
+        cu.cuLaunchKernel(kernel, g[0], g[1], g[2], b[0], b[1], b[2], lau.smem, cstream, params, 0)
 
     libcuda = ctypes.CDLL("libcuda.so.1")
     fn = libcuda.cuLaunchKernel
@@ -132,7 +132,7 @@ def main() -> None:
     handle = lau.handle
 
     def bare_ctypes(_):
-        fn(handle, g[0], g[1], g[2], b[0], b[1], b[2], 0, stream, params, None)
+        fn(handle, g[0], g[1], g[2], b[0], b[1], b[2], lau.smem, stream, params, None)
 
     ptrs = [(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr())]
     op2, lp2 = op.clone(), lp.clone()

@@ -24,7 +24,9 @@ def test_real_artifacts_parse(real_artifacts):
         assert k.max_threads == art.launch.block
         assert k.registers is not None and 0 < k.registers <= 255
         assert k.registers == art.info["registers"]
-        assert k.static_smem == 0 == art.info["static_smem"]
+        # CuTe DSL reserves 1 KiB of static shared memory in kernels that allocate shared storage (the
+        # combine's split-group sums); the storage itself is dynamic (launch facts)
+        assert k.static_smem == art.info["static_smem"] in (0, 1024)
 
 
 @pytest.mark.parametrize("e_flags,abi_version,arch", [

@@ -37,10 +37,23 @@ def test_compile(tmp_path, arch, dtype, head_dim, strides):
     want = ["u64" if p.kind in ("ptr", "i64") else "u32" for p in PARAMS]
     assert params == want
 
-    # 128-bit loads of O_partial, no local memory, no shared memory
+    # 128-bit loads of O_partial, no local memory; shared memory only for the split groups' sums,
+    # exactly the dynamic smem the launch facts give (the DSL places it in dynamic shared memory)
     assert re.search(r"ld\.global[\w:.]*\.v4\.(b32|f32)|ld\.global[\w:.]*\.v2\.(b64|u64)", ptx)
     assert ".local" not in ptx
-    assert ".shared" not in ptx
+    from aotc.families.sdpa_combine import FAMILY, smem_bytes, split_groups
+    assert re.findall(r"\.shared\s[^;]*;", ptx) == [".shared .align 1024 .b8 __dynamic_shmem__0[];"]
+    assert FAMILY.launch(v).dynamic_smem == smem_bytes(head_dim) == 2048
+    assert (split_groups(head_dim) > 1) == ("bar.sync" in ptx)
+    # pass 1 reduces over the lanes by butterfly shuffles
+    assert "shfl.sync.bfly" in ptx
+    # sm_90+: waits for its prior grid first (so the decode plan may launch it as a PDL secondary);
+    # sm_80 has no griddepcontrol
+    pdl = arch != "sm_80"
+    assert ptx.count("griddepcontrol.wait;") == (1 if pdl else 0)
+    assert FAMILY.launch(v).extra["pdl_wait"] is pdl
+    if pdl:  # before the first global load
+        assert ptx.index("griddepcontrol.wait;") < ptx.index("ld.global")
     if strides == "packed":
         width = {"fp32": "v4.b32", "bf16": "v2.b32", "fp16": "v2.b32"}[dtype]
         assert re.search(r"st\.global[\w:.]*\." + re.escape(width), ptx)

@@ -64,6 +64,12 @@ def test_compile(tmp_path, arch, dtype, head_dim, kv):
     assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx)
     assert ".local" not in ptx
     assert facts["frame_bytes"] == 0, f"register spills: {facts}"
+    # sm_90+: every CTA lets the combine (a PDL secondary) be dispatched; sm_80 has no griddepcontrol
+    from aotc.families.sdpa_decode import FAMILY
+    pdl = arch != "sm_80"
+    assert ptx.count("griddepcontrol.launch_dependents;") == (1 if pdl else 0)
+    assert "griddepcontrol.wait" not in ptx
+    assert FAMILY.launch(v).extra["pdl_trigger"] is pdl
 
 
 def test_plain_compile_signature(tmp_path):

@@ -17,7 +17,7 @@ specialization promises that O is contiguous [B, S_q, H, D] and LSE contiguous
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param
+from ..abi import LaunchFacts, Param, has_grid_dependency_control
 from ..variant import Variant
 from . import KNOWN_ARCHS, Family, Field, register
 
@@ -52,8 +52,19 @@ PARAMS: tuple[Param, ...] = (
 )
 
 
+def split_groups(head_dim: int) -> int:
+    """Thread slices of head_dim / VECTOR threads that share one row, each taking every
+    split_groups-th split (shorter dependent load chains per thread when a row has many splits)."""
+    return min(4, THREADS // (head_dim // VECTOR))
+
+
 def rows_per_cta(head_dim: int) -> int:
-    return THREADS // (head_dim // VECTOR)
+    return THREADS // (head_dim // VECTOR) // split_groups(head_dim)
+
+
+def smem_bytes(head_dim: int) -> int:
+    """The fp32 buffer where a row's split groups add up their partial sums (one VECTOR per thread)."""
+    return THREADS * VECTOR * 4
 
 
 def _why_invalid(values: dict) -> str | None:
@@ -69,9 +80,11 @@ def _params(variant: Variant) -> tuple[Param, ...]:
 def _launch(variant: Variant) -> LaunchFacts:
     return LaunchFacts(
         block=(THREADS, 1, 1),
-        dynamic_smem=0,
+        dynamic_smem=smem_bytes(variant["head_dim"]),
         grid_rule="grid.x = ceil(batch * seqlen_q * heads / rows_per_cta)",
-        extra={"rows_per_cta": rows_per_cta(variant["head_dim"])},
+        # pdl_wait: the kernel starts with griddepcontrol.wait, so it may be launched as a programmatic
+        # dependent of the kernel writing its partials (the decode plan does)
+        extra={"rows_per_cta": rows_per_cta(variant["head_dim"]), "pdl_wait": has_grid_dependency_control(variant.arch)},
     )
 
 

@@ -24,7 +24,7 @@ kernel writes O (dtype) and LSE directly.
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param
+from ..abi import LaunchFacts, Param, has_grid_dependency_control
 from ..variant import Variant
 from . import Family, Field, register
 
@@ -63,7 +63,8 @@ def _launch(variant: Variant) -> LaunchFacts:
         block=(128, 1, 1),
         dynamic_smem=-1,  # reported by the compile
         grid_rule="grid = (num_splits, heads_kv * ceil(heads_q / heads_kv * seqlen_q / ROWS_PER_CTA), batch)",
-        extra={},
+        # pdl_trigger: each CTA starts with griddepcontrol.launch_dependents (the combine may be dispatched early)
+        extra={"pdl_trigger": has_grid_dependency_control(variant.arch)},
     )
 
 

@@ -1,17 +1,24 @@
 """CuTe DSL kernel for the sdpa_combine family (see aotc.families.sdpa_combine).
 
-One CTA of THREADS threads handles rows_per_cta(head_dim) rows; a row is one
-(b, s, h) and is served by head_dim / VECTOR consecutive threads, each owning
-VECTOR (=4) consecutive head-dim elements.  Per row:
+One CTA of THREADS threads handles rows_per_cta(head_dim) rows; a row is one (b, s, h) and is
+served by split_groups(head_dim) slices of head_dim / VECTOR consecutive threads, each thread owning
+VECTOR (=4) consecutive head-dim elements and slice g taking splits g, g + split_groups, ...:
 
-  pass 1: m = max_i lse_i                       (scalar fp32 loads, L1-resident)
-  pass 2: in groups of UNROLL splits: load the group's lse, then issue the
-          16-byte O_i loads of every live split of the group, then accumulate
-          acc += exp(lse_i - m) * O_i, sum += exp(lse_i - m)
-  out:    O = acc / sum, LSE = m + log(sum); O = 0, LSE = -inf when no split is live.
+  pass 1: m = max_i lse_i, L = sum_i exp(lse_i - m), the splits spread over a slice's lanes (up to
+          32, one warp) and reduced by shuffles: a few independent loads per lane instead of a chain
+          of `splits` dependent ones (the combine of a B = 1 decode with 33 splits is latency bound)
+  pass 2: over the slice's splits in groups of UNROLL: load the group's lse (L1 hits), then issue
+          the 16-byte O_i loads of every live split of the group, then acc += exp(lse_i - m) * O_i
+  sum:    the slices of a row add their acc through shared memory (THREADS * VECTOR floats)
+  out:    slice 0: O = acc / L, LSE = m + log(L); O = 0, LSE = -inf when no split is live.
 
-A split whose lse_i is -inf (or whose index is >= splits) is never loaded.
-All address arithmetic is 64-bit.  No shared memory is used.
+A split whose lse_i is -inf (or whose index is >= splits) never has its O_i loaded.
+All address arithmetic is 64-bit.
+
+On sm_90+ the kernel starts with griddepcontrol.wait, so the runtime may launch it as a programmatic
+dependent of the decode kernel that writes its partials (PDL): its CTAs are dispatched while the decode
+grid drains and read the partials only once that grid has finished and flushed its writes. Launched
+without the PDL attribute the instruction returns at once.
 """
 import math
 import os
@@ -19,12 +26,14 @@ import os
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
+from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, rows_per_cta
+from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, rows_per_cta, smem_bytes, split_groups
+from ..abi import has_grid_dependency_control
 from ._compile import check_param_kinds, placeholders
 
 # splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
-UNROLL = 4
+UNROLL = 8
 
 _OUT_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
 
@@ -32,11 +41,21 @@ _NEG_INF = -math.inf
 _EVICT_FIRST = cute.nvgpu.CacheEvictionPriority.EVICT_FIRST
 
 
-def _build(head_dim: int, out_dtype, packed: bool):
-    """The @cute.jit host function for one (head_dim, dtype, strides) variant."""
-    tpr = head_dim // VECTOR          # threads per row
+def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
+    """The @cute.jit host function for one (head_dim, dtype, strides) variant; pdl: wait on the prior grid."""
+    tpr = head_dim // VECTOR          # threads per row slice (VECTOR columns each)
+    n_sg = split_groups(head_dim)     # slices per row, each taking every n_sg-th split
     rpc = rows_per_cta(head_dim)      # rows per CTA
-    assert tpr * rpc == THREADS and tpr * VECTOR == head_dim
+    sub = min(tpr, 32)                # lanes sharing pass 1 (within one warp: shuffles)
+    assert tpr * n_sg * rpc == THREADS and tpr * VECTOR == head_dim
+
+    @cute.struct
+    class SharedStorage:
+        partial_sums: cute.struct.MemRange[Float32, THREADS * VECTOR]
+
+    if SharedStorage.size_in_bytes() != smem_bytes(head_dim):
+        raise RuntimeError(f"shared storage is {SharedStorage.size_in_bytes()} bytes, "
+                           f"smem_bytes() says {smem_bytes(head_dim)}")
 
     @cute.kernel
     def sdpa_combine_kernel(
@@ -65,61 +84,91 @@ def _build(head_dim: int, out_dtype, packed: bool):
         lse_stride_h: Int64,
         lse_stride_s: Int64,
     ):
+        if cutlass.const_expr(pdl):
+            cute.arch.griddepcontrol_wait()  # the partials' writer (a PDL primary) has finished
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        slice_idx = Int32(tidx) // tpr
         lane = Int32(tidx) % tpr
-        row = Int64(bidx) * rpc + Int64(Int32(tidx) // tpr)
+        sg = slice_idx % n_sg
+        row = Int64(bidx) * rpc + Int64(slice_idx // n_sg)
         n_rows = Int64(batch) * Int64(seqlen_q) * Int64(heads)
-        if row < n_rows:
-            heads64 = Int64(heads)
-            seq64 = Int64(seqlen_q)
-            bs = row // heads64
-            h = row - bs * heads64
-            b = bs // seq64
-            s = bs - b * seq64
-            d0 = Int64(lane * VECTOR)
+        valid = row < n_rows
+        heads64 = Int64(heads)
+        seq64 = Int64(seqlen_q)
+        bs = row // heads64
+        h = row - bs * heads64
+        b = bs // seq64
+        s = bs - b * seq64
+        d0 = Int64(lane * VECTOR)
+        lp_row = b * lp_stride_b + h * lp_stride_h + s * lp_stride_s
+        op_row = b * op_stride_b + s * op_stride_s + h * op_stride_h + d0
 
-            lp_row = b * lp_stride_b + h * lp_stride_h + s * lp_stride_s
-            op_row = b * op_stride_b + s * op_stride_s + h * op_stride_h + d0
+        # pass 1, spread over the slice's lanes: lane j reads splits j, j + sub, ... (independent loads,
+        # not a chain of `splits` dependent ones), then max and sum of weights over the lanes by shuffles
+        # (outside any row-dependent branch: every lane of the warp takes part). Every slice of a row
+        # computes the same m and L (same loads, same order).
+        my_splits = splits if valid else Int32(0)
+        sub_lane = lane % sub
+        m = Float32(_NEG_INF)
+        for i in range(sub_lane, my_splits, sub):
+            m = cute.arch.fmax(m, lse_partial[lp_row + Int64(i) * lp_stride_split])
+        for k in cutlass.range_constexpr(sub.bit_length() - 1):
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=sub >> (k + 1), mask=-1, mask_and_clamp=31))
+        total = Float32(0.0)
+        if m > Float32(_NEG_INF):
+            for i in range(sub_lane, my_splits, sub):
+                total = total + cute.math.exp(lse_partial[lp_row + Int64(i) * lp_stride_split] - m)
+        for k in cutlass.range_constexpr(sub.bit_length() - 1):
+            total = total + cute.arch.shuffle_sync_bfly(total, offset=sub >> (k + 1), mask=-1, mask_and_clamp=31)
 
-            # pass 1: the max of the splits' lse
-            m = Float32(_NEG_INF)
-            for i in range(splits):
-                m = cute.arch.fmax(m, lse_partial[lp_row + Int64(i) * lp_stride_split])
+        # pass 2: this slice's splits sg, sg + n_sg, ... in groups of UNROLL
+        acc = cute.make_rmem_tensor((VECTOR,), Float32)
+        acc.fill(0.0)
+        if m > Float32(_NEG_INF):
+            n_mine = (my_splits - sg + (n_sg - 1)) // n_sg
+            lv = cute.make_rmem_tensor((UNROLL,), Float32)
+            wv = cute.make_rmem_tensor((UNROLL,), Float32)
+            ov = cute.make_rmem_tensor((VECTOR, UNROLL), Float32)
+            for j0 in range(0, n_mine, UNROLL):
+                # the group's lse values (-inf past this slice's last split; L1 hits after pass 1)
+                for k in cutlass.range_constexpr(UNROLL):
+                    lv[k] = Float32(_NEG_INF)
+                    if j0 + k < n_mine:
+                        lv[k] = lse_partial[lp_row + Int64(sg + (j0 + k) * n_sg) * lp_stride_split]
+                # the group's O_i loads, only for live splits
+                for k in cutlass.range_constexpr(UNROLL):
+                    wv[k] = Float32(0.0)
+                    ov[None, k].fill(0.0)
+                    if lv[k] > Float32(_NEG_INF):
+                        # offsets are multiples of VECTOR elements (16-byte aligned rows and strides),
+                        # which keeps o_partial's 16-byte alignment and gives one 128-bit load
+                        off = cute.assume(op_row + Int64(sg + (j0 + k) * n_sg) * op_stride_split, divby=VECTOR)
+                        src = cute.make_tensor(o_partial + off, cute.make_layout(VECTOR))
+                        # O_partial is read exactly once: evict it first from L1, keeping the lse there
+                        cute.autovec_copy(src, ov[None, k], l1c_evict_priority=_EVICT_FIRST)
+                        wv[k] = cute.math.exp(lv[k] - m)
+                for k in cutlass.range_constexpr(UNROLL):
+                    acc.store(acc.load() + ov[None, k].load() * wv[k])
 
-            acc = cute.make_rmem_tensor((VECTOR,), Float32)
-            acc.fill(0.0)
-            total = Float32(0.0)
+        # the row's slices add up their sums through shared memory; slice 0 of the row writes O and LSE
+        storage = SmemAllocator().allocate(SharedStorage)
+        sums = storage.partial_sums.data_ptr()
+        if cutlass.const_expr(n_sg > 1):
+            mine = cute.make_tensor(sums + cute.assume(Int32(tidx) * VECTOR, divby=VECTOR), cute.make_layout(VECTOR))
+            mine.store(acc.load())
+            cute.arch.barrier()
+            if sg == 0:
+                for g in cutlass.range_constexpr(1, n_sg):
+                    other = cute.make_tensor(sums + cute.assume((Int32(tidx) + g * tpr) * VECTOR, divby=VECTOR),
+                                             cute.make_layout(VECTOR))
+                    acc.store(acc.load() + other.load())
+
+        if valid and sg == 0:
             lse_out = Float32(_NEG_INF)
             if m > Float32(_NEG_INF):
-                lv = cute.make_rmem_tensor((UNROLL,), Float32)
-                wv = cute.make_rmem_tensor((UNROLL,), Float32)
-                ov = cute.make_rmem_tensor((VECTOR, UNROLL), Float32)
-                for i0 in range(0, splits, UNROLL):
-                    # the group's lse values (-inf past the last split)
-                    for k in cutlass.range_constexpr(UNROLL):
-                        lv[k] = Float32(_NEG_INF)
-                        if i0 + k < splits:
-                            lv[k] = lse_partial[lp_row + Int64(i0 + k) * lp_stride_split]
-                    # the group's O_i loads, only for live splits
-                    for k in cutlass.range_constexpr(UNROLL):
-                        wv[k] = Float32(0.0)
-                        ov[None, k].fill(0.0)
-                        if lv[k] > Float32(_NEG_INF):
-                            # offsets are multiples of VECTOR elements (16-byte aligned rows and strides),
-                            # which keeps o_partial's 16-byte alignment and gives one 128-bit load
-                            off = cute.assume(op_row + Int64(i0 + k) * op_stride_split, divby=VECTOR)
-                            src = cute.make_tensor(o_partial + off, cute.make_layout(VECTOR))
-                            # O_partial is read exactly once: evict it first from L1, keeping the lse there
-                            cute.autovec_copy(src, ov[None, k], l1c_evict_priority=_EVICT_FIRST)
-                            wv[k] = cute.math.exp(lv[k] - m)
-                    for k in cutlass.range_constexpr(UNROLL):
-                        acc.store(acc.load() + ov[None, k].load() * wv[k])
-                        total = total + wv[k]
-                inv = Float32(1.0) / total
-                acc.store(acc.load() * inv)
+                acc.store(acc.load() * (Float32(1.0) / total))
                 lse_out = m + cute.math.log(total)
-
             res = acc.load().to(out_dtype)
             if cutlass.const_expr(packed):
                 o_off = cute.assume(row * head_dim + d0, divby=VECTOR)
@@ -196,7 +245,7 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     head_dim = int(variant["head_dim"])
     out_dtype = _OUT_DTYPES[variant["dtype"]]
     packed = variant["strides"] == "packed"
-    host = _build(head_dim, out_dtype, packed)
+    host = _build(head_dim, out_dtype, packed, has_grid_dependency_control(variant.arch))
     # cute.compile always compiles afresh (it passes no_cache itself); the files written to
     # dump_dir are named after the host function and its argument types only, so callers
     # compiling several variants concurrently should give each its own dump_dir.

@@ -75,6 +75,7 @@ from cutlass.memory import SmemAllocator
 from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
 from ._attention import (ATOM_COLS, DTYPES, LN_2, LOG2_E, NEG_INF, VEC, acc_mn_view, acc_to_a_operand,
                          make_g2s, opaque_i32, quad_allreduce, smem_tile_layout, softmax_row)
+from ..abi import has_grid_dependency_control
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
@@ -151,6 +152,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     ROW_ITERS = BN // 16                # rows a thread copies per tile
     N_CHUNKS = D // ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
     PAGED = page > 0
+    PDL = has_grid_dependency_control(arch)  # trigger the combine (programmatic dependent launch)
     N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
     LOG2_P = page.bit_length() - 1 if PAGED else 0
     ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
@@ -453,6 +455,10 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
     ):
+        if cutlass.const_expr(PDL):
+            # let the combine kernel (a PDL secondary, which waits for this whole grid before reading
+            # the partials) be dispatched now, so its launch hides behind this grid's run
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         split, yblk, bidx = cute.arch.block_idx()
         split = Int32(split)

@@ -13,7 +13,6 @@ fp32 [B, H, S_q] or None.
 from __future__ import annotations
 
 from ..errors import ArgumentError
-from ..families.sdpa_combine import rows_per_cta
 from . import validate as V
 from .launch import PreparedLaunch
 from .tensors import TensorArg, as_stream, as_tensor
@@ -23,7 +22,10 @@ OUT_DTYPES = ("fp16", "bf16", "fp32")
 
 
 class CombinePlan:
-    def __init__(self, runtime, o_partial, lse_partial, out, lse=None):
+    def __init__(self, runtime, o_partial, lse_partial, out, lse=None, *, after_writer: bool = False):
+        """after_writer: the plan always runs right after the kernel that writes the partials on the same
+        stream (the decode plan): where the cubin waits for its prior grid (launch facts "pdl_wait"),
+        launch it as that kernel's programmatic dependent, hiding its launch behind the writer's run."""
         op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
         ls = None if lse is None else as_tensor(lse, "lse")
         device = runtime.device()
@@ -37,7 +39,8 @@ class CombinePlan:
         self.layout = layout_key(op, lp, o, ls)
         self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
         rows = batch * seqlen_q * heads
-        grid = ((rows + rows_per_cta(head_dim) - 1) // rows_per_cta(head_dim), 1, 1)
+        rpc = int(kernel.artifact.launch.extra["rows_per_cta"])  # the cubin's own mapping, whatever built it
+        grid = ((rows + rpc - 1) // rpc, 1, 1)
         lse_strides = ls.strides if ls is not None else (0, 0, 0)
         values = {
             "o_partial": op.ptr, "lse_partial": lp.ptr, "o": o.ptr, "lse": 0 if ls is None else ls.ptr,
@@ -52,7 +55,8 @@ class CombinePlan:
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
         }
         self.has_lse = ls is not None
-        self.launcher = PreparedLaunch(kernel, grid, device, values)
+        self.programmatic = after_writer and bool(kernel.artifact.launch.extra.get("pdl_wait", False))
+        self.launcher = PreparedLaunch(kernel, grid, device, values, programmatic=self.programmatic)
         slots = self.launcher.params.slots
         self._slots = (slots["o_partial"], slots["lse_partial"], slots["o"], slots["lse"])
 

@@ -50,7 +50,10 @@ def choose_splits(batch: int, heads_kv: int, row_tiles: int, max_seqlen_kv: int,
     least 4 kv blocks of work; a partial second wave would cost as much as a whole one."""
     ctas = max(1, batch * heads_kv * row_tiles)
     blocks = max(1, math.ceil(max_seqlen_kv / BLOCK_N))
-    return max(1, min(sm_count * CTAS_PER_SM // ctas, blocks // 4, MAX_SPLITS))
+    splits = max(1, min(sm_count * CTAS_PER_SM // ctas, blocks // 4, MAX_SPLITS))
+    # the kernel gives each split ceil(blocks / splits) whole blocks: drop the splits that would get none
+    # (33 splits of 512 blocks are 32 splits of 16 blocks and an empty one the combine still reads)
+    return math.ceil(blocks / math.ceil(blocks / splits))
 
 
 class DecodePlan:
@@ -107,7 +110,7 @@ class DecodePlan:
             lp_rec = tensor(lp_ptr, (num_splits, batch, heads_q, seqlen_q), lp_strides, "fp32", device)
             from .combine import CombinePlan
 
-            self.combine = CombinePlan(runtime, op_rec, lp_rec, o_, ls)
+            self.combine = CombinePlan(runtime, op_rec, lp_rec, o_, ls, after_writer=True)
         else:
             lp_ptr = 0
         lse_strides = ls.strides if ls is not None else (0, 0, 0)

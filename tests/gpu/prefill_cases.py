@@ -79,6 +79,9 @@ DENSE_CASES = [  # (B, S_q, S_kv, H_q, H_kv, layout)
     (1, 4097, 4097, 1, 1, "bshd"),
     (3, 4097, 128, 8, 8, "bhsd"),  # S_q > S_kv: causal rows that see no key
     (3, 1000, 1000, 8, 4, "padded"),
+    # many (batch, head) pairs (> half the SMs of an H200): the Hopper family's causal tile pairs
+    (3, 1000, 1000, 32, 8, "bshd"),
+    (5, 300, 450, 16, 4, "padded"),  # 3 query blocks: the middle tile has no partner
 ]
 
 
@@ -113,6 +116,7 @@ RAGGED_CASES = [  # (seqlens_q, seqlens_kv, H_q, H_kv)
     ([7, 0, 1000, 64], [7, 5, 1200, 4097], 8, 2),
     ([1, 128, 4097], [1, 128, 4097], 4, 4),
     ([65, 3], [10, 3], 4, 1),  # S_q > S_kv: causal rows that see no key
+    ([7, 0, 1000, 300], [7, 5, 1200, 300], 32, 8),  # many (sequence, head) pairs: causal tile pairs
 ]
 
 

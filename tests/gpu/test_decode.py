@@ -197,6 +197,33 @@ def test_decode_cuda_graph_replay_with_changed_inputs(rt):
             check_close(lse[b], rl, LSE_TOL, f"graph step {step} LSE b={b}")
 
 
+def test_decode_back_to_back_steps(rt):
+    """Steps enqueued without a sync in between, each with its own Q and O: the combine (launched as a
+    programmatic dependent of its decode kernel where the cubins allow) must read only its own step's
+    partials, and the next step's decode must not overwrite them while the combine still reads."""
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[0]
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    cache = PagedCache([5000, 37, 1200], int(kv[len("paged"):]), 4, D, dtype, "NHD", gen)
+    B, H_q, S_q, steps = 3, 16, 1, 6
+    qs = [torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen) for _ in range(steps)]
+    outs = [torch.full_like(qs[0], math.nan) for _ in range(steps)]
+    lses = [torch.full((B, H_q, S_q), math.nan, device="cuda") for _ in range(steps)]
+    ws = torch.empty(rt.decode_workspace_bytes(B, S_q, H_q, D, 7), dtype=torch.uint8, device="cuda")
+    plan = rt.prepare_decode(qs[0], cache.k, cache.v, outs[0], cache.seqlens, cache.page_table, lses[0],
+                             max_seqlen_kv=5000, num_splits=7, workspace=ws)
+    assert plan.combine is not None and plan.combine.programmatic, "sm_90 bundle: combine launched with PDL"
+    for q, out, lse in zip(qs, outs, lses):
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    for i, (q, out, lse) in enumerate(zip(qs, outs, lses)):
+        for b in range(B):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(out[b], ro, TOL[dtype], f"step {i} b={b}")
+            check_close(lse[b], rl, LSE_TOL, f"step {i} LSE b={b}")
+
+
 def test_decode_bad_arguments(rt):
     variants = [v for v in decode_variants(rt) if v[2] != "dense"]
     dtype, D, kv = variants[0]

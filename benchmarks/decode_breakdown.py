@@ -1,0 +1,130 @@
+"""Where a split-KV decode step's GPU and host time goes, against torch SDPA's cuDNN backend.
+
+    python benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out benchmarks/results
+
+bf16, D 128, H_q/H_kv = 32/8, S_q = 1, NHD pages (shuffled ids). Per shape, each as a CUDA graph of 10
+calls after an L2 flush (bench_decode.graph_time), in interleaved rounds (median of rounds):
+  step       decode + combine as the runtime launches them (combine as a programmatic dependent
+             launch, PDL, where the bundle's combine cubin waits on its prior grid)
+  step_nopdl the same two kernels, the combine launched with plain cuLaunchKernel
+  decode     the decode kernel alone;  combine  the combine kernel alone
+  cudnn      torch SDPA (cuDNN backend) on dense KV of the same logical shape
+and, for B = 1, the step at forced split counts. Host: the prepared step (PDL and not) and a bare
+cuLaunchKernel of the decode cubin, 5,000 calls each.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from cuda.bindings import driver as cu
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import aotc.runtime
+    from aotc.runtime import driver
+    from benchmarks.bench_decode import graph_time
+    from benchmarks.bench_runtime import git_commit, time_calls
+
+    rt = aotc.runtime.load(args.bundle)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
+    D, H_q, H_kv = 128, 32, 8
+    rows, host = [], {}
+    for page, B, S in ((16, 1, 32768), (64, 1, 32768), (16, 8, 8192), (16, 8, 32768), (16, 64, 8192)):
+        kv_bytes = 2 * B * S * H_kv * D * 2
+        n_pages = B * S // page
+        k = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
+        sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
+        q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty_like(q)
+        ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 256), dtype=torch.uint8, device="cuda")
+        plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
+        row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "splits": plan.num_splits,
+               "pdl": bool(plan.combine is not None and plan.combine.programmatic)}
+        def cur():  # graph_time captures on a side stream: launch on whatever stream is current
+            return torch.cuda.current_stream().cuda_stream
+        contenders = {"step": lambda: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur()),
+                      "decode": lambda: plan.launcher.launch(cur())}
+        plain = None
+        if plan.combine is not None:
+            plain = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
+            c = plain.combine.launcher
+            c._launch = driver.Launcher(c.handle)  # the same combine, launched without the PDL attribute
+            contenders["step_nopdl"] = lambda: plain.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
+            contenders["combine"] = lambda: plain.combine.launcher.launch(cur())
+        kd = k[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
+        vd = v[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
+        qt = q.transpose(1, 2)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kd, vd, enable_gqa=True)
+        contenders["cudnn"] = cudnn
+        # correctness of the PDL step at this shape (fp32 reference on the dense copy)
+        plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
+        torch.cuda.synchronize()
+        if B * S <= 300_000:
+            with sdpa_kernel(SDPBackend.MATH):
+                ref = F.scaled_dot_product_attention(qt.float(), kd.float(), vd.float(), enable_gqa=True)
+            row["max_abs_err_vs_fp32"] = float((out.transpose(1, 2).float() - ref).abs().max())
+        samples = {n: [] for n in contenders}
+        for _ in range(args.rounds):
+            for n, fn in contenders.items():
+                samples[n].append(graph_time(fn, flush))
+        for n, ts in samples.items():
+            row[f"{n}_us"] = statistics.median(ts)
+        row["step_TBps"] = kv_bytes / row["step_us"] / 1e6
+        row["x_cudnn"] = row["cudnn_us"] / row["step_us"]
+        if B == 1:
+            sweep = {}
+            for splits in (16, 24, 32, 48, 64, 96, 128, 192, 256):
+                p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, num_splits=splits)
+                sweep[splits] = graph_time(lambda: p.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur()), flush)
+            row["split_sweep_us"] = sweep
+        if page == 16 and B == 1:
+            st = cur()
+            host["prepared_step_pdl"] = time_calls(lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
+                                                   5000, torch.cuda.synchronize)
+            host["prepared_step_plain"] = time_calls(lambda i: plain.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
+                                                     5000, torch.cuda.synchronize)
+            lau = plan.launcher
+            kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
+            host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
+                lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b_[0], b_[1], b_[2], lau.smem, cs,
+                                            lau.params.address, 0), 5000, torch.cuda.synchronize)
+        rows.append(row)
+        print(json.dumps({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
+        del k, v, kd, vd, pt, q, out, ws, plan, plain
+        torch.cuda.empty_cache()
+    floor = host.get("bare_cuLaunchKernel_decode_cubin", {}).get("median_us")
+    for v_ in host.values():
+        if floor:
+            v_["x_bare_launch"] = v_["median_us"] / floor
+    print(json.dumps(host), flush=True)
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              "torch": torch.__version__, "git_commit": git_commit(),
+              "command": "python benchmarks/decode_breakdown.py " + " ".join(sys.argv[1:]), "rows": rows,
+              "host_enqueue": host}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "decode_breakdown.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
