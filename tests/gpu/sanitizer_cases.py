@@ -57,7 +57,8 @@ def prefill_cases(family):
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         if layout == "dense":
             for B, S_q, S_kv, H_q, H_kv in ((1, 1, 1, 1, 1), (2, 7, 1000, 4, 2), (1, 65, 65, 2, 2), (1, 3, 0, 2, 1),
-                                            (1, 130, 7, 2, 2), (2, 300, 300, 2, 1)):
+                                            (1, 130, 7, 2, 2), (2, 300, 300, 2, 1),
+                                            (5, 300, 450, 16, 4)):  # 80 (batch, head) pairs: causal tile pairs
                 q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
                 k = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
                 v = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
