@@ -41,10 +41,11 @@ def test_compile(tmp_path, arch, dtype, head_dim, strides):
     # exactly the dynamic smem the launch facts give (the DSL places it in dynamic shared memory)
     assert re.search(r"ld\.global[\w:.]*\.v4\.(b32|f32)|ld\.global[\w:.]*\.v2\.(b64|u64)", ptx)
     assert ".local" not in ptx
-    from aotc.families.sdpa_combine import FAMILY, smem_bytes, split_groups
+    from aotc.families.sdpa_combine import FAMILY, slices_per_cta, smem_bytes
     assert re.findall(r"\.shared\s[^;]*;", ptx) == [".shared .align 1024 .b8 __dynamic_shmem__0[];"]
     assert FAMILY.launch(v).dynamic_smem == smem_bytes(head_dim) == 2048
-    assert (split_groups(head_dim) > 1) == ("bar.sync" in ptx)
+    assert FAMILY.launch(v).extra["slices_per_cta"] == slices_per_cta(head_dim) == 512 // head_dim
+    assert "bar.sync" in ptx  # the split groups' sum (runtime split_groups > 1)
     # pass 1 reduces over the lanes by butterfly shuffles
     assert "shfl.sync.bfly" in ptx
     # sm_90+: waits for its prior grid first (so the decode plan may launch it as a PDL secondary);

@@ -25,3 +25,25 @@ def test_splits_fit_one_wave_and_each_gets_blocks(batch, heads_kv, seqlen):
     assert n == 1 or math.ceil(blocks / n) >= 4  # at least 4 blocks of work per split
     per_split = math.ceil(blocks / n)
     assert (n - 1) * per_split < blocks, f"{n} splits of {per_split} blocks leave the last one empty"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 32, 100, 256, 264, 1000, 2048, 65536])
+def test_combine_split_groups(head_dim, rows):
+    from aotc.families.sdpa_combine import choose_split_groups, slices_per_cta
+
+    sms = 132
+    slices = slices_per_cta(head_dim)
+    g = choose_split_groups(head_dim, rows, sms)
+    assert 1 <= g <= slices and slices % g == 0
+    ctas = -(-rows * g // slices)
+    # the most groups that keep the grid within 2 CTAs per SM (1 group when even that is too many)
+    assert g == 1 or ctas <= 2 * sms
+    assert g == slices or -(-rows * 2 * g // slices) > 2 * sms
+
+
+def test_combine_split_groups_by_shape():
+    from aotc.families.sdpa_combine import choose_split_groups
+
+    assert choose_split_groups(128, 32, 132) == 4      # B=1 decode, 32 query heads: one warp per split group
+    assert choose_split_groups(128, 64 * 32, 132) == 1  # B=64: rows fill the GPU, one slice per row

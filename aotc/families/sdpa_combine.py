@@ -34,6 +34,7 @@ PARAMS: tuple[Param, ...] = (
     Param("seqlen_q", "i32"),
     Param("heads", "i32"),
     Param("write_lse", "i32"),
+    Param("split_groups", "i32"),
     Param("op_stride_split", "i64"),
     Param("op_stride_b", "i64"),
     Param("op_stride_s", "i64"),
@@ -52,14 +53,21 @@ PARAMS: tuple[Param, ...] = (
 )
 
 
-def split_groups(head_dim: int) -> int:
-    """Thread slices of head_dim / VECTOR threads that share one row, each taking every
-    split_groups-th split (shorter dependent load chains per thread when a row has many splits)."""
-    return min(4, THREADS // (head_dim // VECTOR))
+def slices_per_cta(head_dim: int) -> int:
+    """Slices of head_dim / VECTOR threads (VECTOR columns each) in one CTA."""
+    return THREADS // (head_dim // VECTOR)
 
 
-def rows_per_cta(head_dim: int) -> int:
-    return THREADS // (head_dim // VECTOR) // split_groups(head_dim)
+def choose_split_groups(head_dim: int, rows: int, sm_count: int) -> int:
+    """Slices per row (a power of two dividing slices_per_cta), each taking every split_groups-th
+    split: the most that keeps the grid within two CTAs per SM. A small combine (a B = 1 decode: 32
+    rows, 33 splits) is a chain of dependent loads per thread, shortened by spreading the splits;
+    a large one is bandwidth bound and wants its rows spread over as few, full CTAs as possible."""
+    slices = slices_per_cta(head_dim)
+    groups = slices
+    while groups > 1 and -(-rows * groups // slices) > 2 * sm_count:
+        groups //= 2
+    return groups
 
 
 def smem_bytes(head_dim: int) -> int:
@@ -81,10 +89,11 @@ def _launch(variant: Variant) -> LaunchFacts:
     return LaunchFacts(
         block=(THREADS, 1, 1),
         dynamic_smem=smem_bytes(variant["head_dim"]),
-        grid_rule="grid.x = ceil(batch * seqlen_q * heads / rows_per_cta)",
+        grid_rule="grid.x = ceil(batch * seqlen_q * heads * split_groups / slices_per_cta)",
         # pdl_wait: the kernel starts with griddepcontrol.wait, so it may be launched as a programmatic
         # dependent of the kernel writing its partials (the decode plan does)
-        extra={"rows_per_cta": rows_per_cta(variant["head_dim"]), "pdl_wait": has_grid_dependency_control(variant.arch)},
+        extra={"slices_per_cta": slices_per_cta(variant["head_dim"]),
+               "pdl_wait": has_grid_dependency_control(variant.arch)},
     )
 
 

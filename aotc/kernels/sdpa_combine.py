@@ -1,8 +1,9 @@
 """CuTe DSL kernel for the sdpa_combine family (see aotc.families.sdpa_combine).
 
-One CTA of THREADS threads handles rows_per_cta(head_dim) rows; a row is one (b, s, h) and is
-served by split_groups(head_dim) slices of head_dim / VECTOR consecutive threads, each thread owning
-VECTOR (=4) consecutive head-dim elements and slice g taking splits g, g + split_groups, ...:
+One CTA of THREADS threads is slices_per_cta(head_dim) slices of head_dim / VECTOR consecutive
+threads, each thread owning VECTOR (=4) consecutive head-dim elements. A row (one (b, s, h)) is
+served by split_groups consecutive slices (a runtime value, the runtime's choice: 1 for large
+combines, more for small ones), slice g taking splits g, g + split_groups, ...:
 
   pass 1: m = max_i lse_i, L = sum_i exp(lse_i - m), the splits spread over a slice's lanes (up to
           32, one warp) and reduced by shuffles: a few independent loads per lane instead of a chain
@@ -28,7 +29,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, rows_per_cta, smem_bytes, split_groups
+from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, slices_per_cta, smem_bytes
 from ..abi import has_grid_dependency_control
 from ._compile import check_param_kinds, placeholders
 
@@ -44,10 +45,9 @@ _EVICT_FIRST = cute.nvgpu.CacheEvictionPriority.EVICT_FIRST
 def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
     """The @cute.jit host function for one (head_dim, dtype, strides) variant; pdl: wait on the prior grid."""
     tpr = head_dim // VECTOR          # threads per row slice (VECTOR columns each)
-    n_sg = split_groups(head_dim)     # slices per row, each taking every n_sg-th split
-    rpc = rows_per_cta(head_dim)      # rows per CTA
+    slices = slices_per_cta(head_dim)  # slices per CTA; split_groups (a runtime value) of them per row
     sub = min(tpr, 32)                # lanes sharing pass 1 (within one warp: shuffles)
-    assert tpr * n_sg * rpc == THREADS and tpr * VECTOR == head_dim
+    assert tpr * slices == THREADS and tpr * VECTOR == head_dim
 
     @cute.struct
     class SharedStorage:
@@ -68,6 +68,7 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
         seqlen_q: Int32,
         heads: Int32,
         write_lse: Int32,
+        split_groups: Int32,
         op_stride_split: Int64,
         op_stride_b: Int64,
         op_stride_s: Int64,
@@ -88,10 +89,11 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
             cute.arch.griddepcontrol_wait()  # the partials' writer (a PDL primary) has finished
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        n_sg = split_groups               # slices per row (a power of two dividing `slices`)
         slice_idx = Int32(tidx) // tpr
         lane = Int32(tidx) % tpr
         sg = slice_idx % n_sg
-        row = Int64(bidx) * rpc + Int64(slice_idx // n_sg)
+        row = Int64(bidx) * Int64(slices // n_sg) + Int64(slice_idx // n_sg)
         n_rows = Int64(batch) * Int64(seqlen_q) * Int64(heads)
         valid = row < n_rows
         heads64 = Int64(heads)
@@ -154,12 +156,12 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
         # the row's slices add up their sums through shared memory; slice 0 of the row writes O and LSE
         storage = SmemAllocator().allocate(SharedStorage)
         sums = storage.partial_sums.data_ptr()
-        if cutlass.const_expr(n_sg > 1):
+        if n_sg > 1:  # uniform over the CTA: the barrier is reached by all threads or none
             mine = cute.make_tensor(sums + cute.assume(Int32(tidx) * VECTOR, divby=VECTOR), cute.make_layout(VECTOR))
             mine.store(acc.load())
             cute.arch.barrier()
             if sg == 0:
-                for g in cutlass.range_constexpr(1, n_sg):
+                for g in range(1, n_sg):
                     other = cute.make_tensor(sums + cute.assume((Int32(tidx) + g * tpr) * VECTOR, divby=VECTOR),
                                              cute.make_layout(VECTOR))
                     acc.store(acc.load() + other.load())
@@ -197,6 +199,7 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
         seqlen_q: Int32,
         heads: Int32,
         write_lse: Int32,
+        split_groups: Int32,
         op_stride_split: Int64,
         op_stride_b: Int64,
         op_stride_s: Int64,
@@ -214,10 +217,10 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
         lse_stride_s: Int64,
     ):
         # The real launch is done by the aotc runtime; this grid only makes the module well formed.
-        grid_x = (batch * seqlen_q * heads + (rpc - 1)) // rpc
+        grid_x = (batch * seqlen_q * heads * split_groups + (slices - 1)) // slices
         sdpa_combine_kernel(
             o_partial, lse_partial, o, lse,
-            splits, batch, seqlen_q, heads, write_lse,
+            splits, batch, seqlen_q, heads, write_lse, split_groups,
             op_stride_split, op_stride_b, op_stride_s, op_stride_h,
             lp_stride_split, lp_stride_b, lp_stride_h, lp_stride_s,
             o_stride_b, o_stride_s, o_stride_h, o_stride_d,
@@ -235,7 +238,7 @@ def _placeholders(out_dtype, packed: bool) -> list:
 
 
 def _check_params() -> None:
-    check_param_kinds("sdpa_combine", PARAMS, ["ptr"] * 4 + ["i32"] * 5 + ["i64"] * 15)
+    check_param_kinds("sdpa_combine", PARAMS, ["ptr"] * 4 + ["i32"] * 6 + ["i64"] * 15)
 
 
 def _compile(variant, dump_dir: str, keep_ptx: bool):

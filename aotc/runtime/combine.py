@@ -13,6 +13,8 @@ fp32 [B, H, S_q] or None.
 from __future__ import annotations
 
 from ..errors import ArgumentError
+from ..families.sdpa_combine import choose_split_groups
+from . import driver
 from . import validate as V
 from .launch import PreparedLaunch
 from .tensors import TensorArg, as_stream, as_tensor
@@ -39,13 +41,16 @@ class CombinePlan:
         self.layout = layout_key(op, lp, o, ls)
         self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
         rows = batch * seqlen_q * heads
-        rpc = int(kernel.artifact.launch.extra["rows_per_cta"])  # the cubin's own mapping, whatever built it
-        grid = ((rows + rpc - 1) // rpc, 1, 1)
+        slices = int(kernel.artifact.launch.extra["slices_per_cta"])  # the cubin's own mapping
+        self.split_groups = choose_split_groups(head_dim, rows, driver.multiprocessor_count(device))
+        if slices % self.split_groups:
+            raise ValueError(f"{self.variant.name}: {slices} slices per CTA, split_groups {self.split_groups}")
+        grid = ((rows * self.split_groups + slices - 1) // slices, 1, 1)
         lse_strides = ls.strides if ls is not None else (0, 0, 0)
         values = {
             "o_partial": op.ptr, "lse_partial": lp.ptr, "o": o.ptr, "lse": 0 if ls is None else ls.ptr,
             "splits": splits, "batch": batch, "seqlen_q": seqlen_q, "heads": heads,
-            "write_lse": 0 if ls is None else 1,
+            "write_lse": 0 if ls is None else 1, "split_groups": self.split_groups,
             "op_stride_split": op.strides[0], "op_stride_b": op.strides[1], "op_stride_s": op.strides[2],
             "op_stride_h": op.strides[3],
             "lp_stride_split": lp.strides[0], "lp_stride_b": lp.strides[1], "lp_stride_h": lp.strides[2],
