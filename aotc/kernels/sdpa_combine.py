@@ -34,7 +34,7 @@ from ..abi import has_grid_dependency_control
 from ._compile import check_param_kinds, placeholders
 
 # splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
-UNROLL = 8
+UNROLL = 4
 
 _OUT_DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
 
