@@ -25,12 +25,13 @@ elif family == "decode":
     D = 128
     n_pages = B * S // page
     kc = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn_like(kc)  # its own V pool: with K = V the V reads would hit L2 (half the DRAM traffic)
     pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
     sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
     q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 64), dtype=torch.uint8, device="cuda")
     for _ in range(4):
-        rt.decode(q, kc, kc, out, sl, pt, max_seqlen_kv=S, workspace=ws)
+        rt.decode(q, kc, vc, out, sl, pt, max_seqlen_kv=S, workspace=ws)
 torch.cuda.synchronize()
 print("done")

@@ -125,7 +125,27 @@ def plot_host(rtj: dict, out: Path) -> str:
     return "host_enqueue.png"
 
 
-def markdown(rtj, pre, build, cold, dec=None) -> str:
+def breakdown_lines(bd: dict) -> list[str]:
+    """Where a split-KV decode step's time goes (benchmarks/decode_breakdown.py)."""
+    lines = [f"### Decode step breakdown ({bd['gpu']}, {bd['date']}, commit {bd['git_commit'][:12]}, "
+             f"`{bd['command']}`)", "",
+             "µs per call (CUDA graph of 10, L2 flushed, median of interleaved rounds): the step as the runtime "
+             "launches it (combine as a programmatic dependent launch), the same with a plain launch, each kernel "
+             "alone, torch SDPA cuDNN on dense KV.", "",
+             "| page | B | S_kv | splits | step | step, no PDL | decode alone | combine alone | cuDNN | x cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in bd["rows"]:
+        f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
+        lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r['splits']} | {f('step_us')} | {f('step_nopdl_us')} | "
+                     f"{f('decode_us')} | {f('combine_us')} | {f('cudnn_us')} | {r['x_cudnn']:.2f} |")
+    for r in bd["rows"]:
+        if "split_sweep_us" in r:
+            sweep = ", ".join(f"{k}: {v:.1f}" for k, v in r["split_sweep_us"].items())
+            lines.append(f"\nB {r['B']}, page {r['page']}, forced split counts (µs per step): {sweep}")
+    return lines + [""]
+
+
+def markdown(rtj, pre, build, cold, dec=None, breakdown=None) -> str:
     lines = ["# Benchmark results", ""]
     if dec:
         lines += [f"## Decode over a paged KV cache ({dec['gpu']}, {dec['date']}, commit {dec['git_commit'][:12]}, "
@@ -139,11 +159,15 @@ def markdown(rtj, pre, build, cold, dec=None) -> str:
             err = f"{r['max_abs_err_vs_fp32']:.1e}" if "max_abs_err_vs_fp32" in r else "-"
             lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r.get('splits', '')} | {f('aotc_TBps')} | "
                          f"{f('cudnn_TBps')} | {f('flash_TBps')} | {f('x_cudnn')} | {f('x_flash')} | {err} |")
-        lines += ["", "Host enqueue of one prepared decode step (decode + combine, 33 splits), 10,000 calls:", "",
+        step_splits = next((r.get("splits") for r in dec["rows"] if r["page"] == 16 and r["B"] == 1), "?")
+        lines += ["", f"Host enqueue of one prepared decode step (decode + combine, {step_splits} splits; B 1, page 16), "
+                      "10,000 calls:", "",
                   "| path | median µs | p99 µs | x bare cuLaunchKernel |", "|---|---|---|---|"]
         for n, v in dec["host_enqueue"].items():
             lines.append(f"| {n} | {v['median_us']:.2f} | {v['p99_us']:.2f} | {v.get('x_bare_launch', float('nan')):.2f} |")
         lines.append("")
+    if breakdown:
+        lines += breakdown_lines(breakdown)
     if cold:
         import statistics
 
@@ -218,6 +242,7 @@ def main() -> None:
     res = Path(args.results)
     rtj, pre, build = load(res / "runtime.json"), load(res / "prefill.json"), load(res / "build.json")
     dec = load(res / "decode.json")
+    breakdown = load(res / "decode_breakdown.json")
     cold_path = res / "cold_start.jsonl"
     cold = [json.loads(x) for x in cold_path.read_text().splitlines() if x.strip()] if cold_path.exists() else []
     made = []
@@ -228,7 +253,7 @@ def main() -> None:
         made.append(plot_combine(rtj, res))
     if dec:
         made.append(plot_decode(dec, res))
-    md = markdown(rtj, pre, build, cold, dec) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
+    md = markdown(rtj, pre, build, cold, dec, breakdown) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
     (res / "README.md").write_text(md)
     print(md)
 
