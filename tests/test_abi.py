@@ -26,10 +26,10 @@ def test_layout_offsets(kinds, offsets, total):
 
 def test_sdpa_combine_layout():
     offsets, total = layout_offsets(PARAMS)
-    # 4 pointers, 5 int32 (ending at 52), padding to 56, then 15 int64
+    # 4 pointers, 6 int32 (the last, split_groups, ending at 56: no padding), then 15 int64
     assert offsets[:4] == [0, 8, 16, 24]
-    assert offsets[4:9] == [32, 36, 40, 44, 48]
-    assert offsets[9:] == list(range(56, 176, 8))
+    assert offsets[4:10] == [32, 36, 40, 44, 48, 52]
+    assert offsets[10:] == list(range(56, 176, 8))
     assert total == 176
 
 
