@@ -19,6 +19,7 @@ from aotc.bundle import (FORMAT_VERSION, MANIFEST, member_name, merge_bundles, r
 from aotc.cache import Cache
 from aotc.cli import main
 from aotc.errors import BundleError, VersionSkewError
+from aotc.families.sdpa_combine import PARAMS as COMBINE_PARAMS
 from aotc.spec import load_spec
 from conftest import run_aotc, tree
 
@@ -105,7 +106,8 @@ def test_build_bundle_verify_inspect(cache_dir, tiny_spec, tmp_path, capsys):
     keys = {r["name"]: r["key"] for r in report["variants"]}
     for a in m["artifacts"]:
         assert a["key"] == keys[a["member"][len("kernels/"):-len(".cubin")]]
-        assert len(a["abi"]["params"]) == 24 and a["launch"]["block"] == [128, 1, 1]
+        assert [q["name"] for q in a["abi"]["params"]] == [q.name for q in COMBINE_PARAMS]
+        assert a["launch"]["block"] == [128, 1, 1]
 
     assert main(["bundle", "inspect", str(out)]) == 0
     text = capsys.readouterr().out
