@@ -51,6 +51,22 @@ def graph_time(fn, flush, calls=10, replays=20):
     return statistics.median(times)
 
 
+def paged_problem(rt, page, B, S, H_q, H_kv, D, max_splits):
+    """A bf16 decode problem over an NHD page pool with shuffled page ids, every sequence S long:
+    (k, v, page_table, seqlens, q, out, workspace for up to max_splits splits)."""
+    import torch
+
+    n_pages = B * S // page
+    k = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
+    sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, max_splits), dtype=torch.uint8, device="cuda")
+    return k, v, pt, sl, q, out, ws
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
@@ -72,14 +88,7 @@ def main() -> None:
         for B, S in ((1, 32768), (8, 8192), (64, 8192), (128, 8192), (8, 32768)):
             kv_bytes = 2 * B * S * H_kv * D * 2
             row = {"page": page, "B": B, "S_kv": S, "H_q": H_q, "H_kv": H_kv, "D": D, "kv_bytes": kv_bytes}
-            n_pages = B * S // page
-            k = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
-            v = torch.randn_like(k)
-            pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
-            sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
-            q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
-            out = torch.empty_like(q)
-            ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 64), dtype=torch.uint8, device="cuda")
+            k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 64)
             qt = q.transpose(1, 2)
             try:
                 plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)

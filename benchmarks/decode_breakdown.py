@@ -38,7 +38,7 @@ def main() -> None:
 
     import aotc.runtime
     from aotc.runtime import driver
-    from benchmarks.bench_decode import graph_time
+    from benchmarks.bench_decode import graph_time, paged_problem
     from benchmarks.bench_runtime import git_commit, time_calls
 
     rt = aotc.runtime.load(args.bundle)
@@ -47,14 +47,7 @@ def main() -> None:
     rows, host = [], {}
     for page, B, S in ((16, 1, 32768), (64, 1, 32768), (16, 8, 8192), (16, 8, 32768), (16, 64, 8192)):
         kv_bytes = 2 * B * S * H_kv * D * 2
-        n_pages = B * S // page
-        k = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn_like(k)
-        pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
-        sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
-        q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
-        out = torch.empty_like(q)
-        ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 256), dtype=torch.uint8, device="cuda")
+        k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 256)
         plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
         row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "splits": plan.num_splits,
                "pdl": bool(plan.combine is not None and plan.combine.programmatic)}
