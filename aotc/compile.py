@@ -81,6 +81,12 @@ def compile_variant(variant: Variant, key: str | None = None) -> Artifact:
     mismatch = abi.check_layout(kinfo.params)
     if mismatch:
         raise CompileError(f"{variant.name}: recorded ABI disagrees with the cubin: {mismatch}")
+    # The key names the sources as they were when it was computed; CuTe DSL re-reads a kernel's source
+    # file while compiling. A source edited in between (a developer saving mid-build) would put a cubin
+    # of one source under the key of another, to be served once the edit is undone: refuse it instead.
+    if key and key != (cache_key(variant) or key):
+        raise CompileError(f"{variant.name}: the {variant.family} sources changed while it compiled; "
+                           "nothing was stored", hint="run the build again")
     return Artifact(
         variant=variant, key=key, abi=abi, launch=launch, cubin=data, sha256=sha256_hex(data),
         info={

@@ -120,3 +120,21 @@ def test_corrupt_cubins_raise_only_cubin_error(real_artifacts):
         except cubin.CubinError:
             refused += 1
     assert refused > 100  # the damage is real often enough to exercise the error paths
+
+
+def test_compile_refuses_sources_edited_during_the_compile(monkeypatch):
+    """A key names the sources at the time it was made; a cubin compiled after an edit must not be stored under it."""
+    pytest.importorskip("cutlass")
+    from aotc.compile import cache_key, compile_variant
+    from aotc.errors import CompileError
+    from aotc.families import Family
+    from aotc.variant import Variant
+
+    v = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=64, strides="general")
+    key = cache_key(v)
+    assert key and compile_variant(v, key).key == key  # unchanged sources: the artifact keeps its key
+    real = Family.source_digest
+    monkeypatch.setattr(Family, "source_digest", lambda self: "edited-" + real(self))
+    with pytest.raises(CompileError, match="sources changed while it compiled") as info:
+        compile_variant(v, key)
+    assert info.value.hint == "run the build again"
