@@ -60,3 +60,28 @@ print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 
 """)
     assert r.returncode == 0, r.stderr
     assert "LOADED []" in r.stdout and "KERNELS 0" not in r.stdout
+
+
+def test_runtime_ignores_kernels_built_with_another_parameter_list(fake_artifact, monkeypatch):
+    """A combine kernel from an aotc whose combine took no split_groups (an old cache entry or bundle)
+    is never launched with this runtime's parameter buffer; a missing kernel's error names it."""
+    import dataclasses
+
+    import aotc.runtime as rt_mod
+    from aotc.abi import KernelABI
+    from aotc.errors import RuntimeLoadError
+    from aotc.runtime import driver
+
+    current = fake_artifact("current")
+    old_abi = KernelABI(current.abi.symbol, tuple(p for p in current.abi.params if p.name != "split_groups"))
+    old = dataclasses.replace(fake_artifact("old"), abi=old_abi)
+    runtime = rt_mod.Runtime([old, current])
+    assert [k.artifact for k in runtime.kernels["sdpa_combine"]] == [current]
+    assert runtime.other_abi == [old.variant.name]
+
+    only_old = rt_mod.Runtime([old])
+    assert "sdpa_combine" not in only_old.kernels
+    monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
+    with pytest.raises(RuntimeLoadError, match="another parameter list") as info:
+        only_old.select("sdpa_combine", 0, [dict(old.variant.fields)])
+    assert old.variant.name in str(info.value) and "rebuild" in info.value.hint

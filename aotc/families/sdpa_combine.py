@@ -58,12 +58,11 @@ def slices_per_cta(head_dim: int) -> int:
     return THREADS // (head_dim // VECTOR)
 
 
-def choose_split_groups(head_dim: int, rows: int, sm_count: int) -> int:
-    """Slices per row (a power of two dividing slices_per_cta), each taking every split_groups-th
-    split: the most that keeps the grid within two CTAs per SM. A small combine (a B = 1 decode: 32
-    rows, 33 splits) is a chain of dependent loads per thread, shortened by spreading the splits;
-    a large one is bandwidth bound and wants its rows spread over as few, full CTAs as possible."""
-    slices = slices_per_cta(head_dim)
+def choose_split_groups(slices: int, rows: int, sm_count: int) -> int:
+    """Slices per row (a power of two dividing `slices`, a cubin's slices_per_cta), each taking every
+    split_groups-th split: the most that keeps the grid within two CTAs per SM. A small combine (a
+    B = 1 decode: 32 rows, 33 splits) is a chain of dependent loads per thread, shortened by spreading
+    the splits; a large one is bandwidth bound and wants its rows over as few, full CTAs as possible."""
     groups = slices
     while groups > 1 and -(-rows * groups // slices) > 2 * sm_count:
         groups //= 2

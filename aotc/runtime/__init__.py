@@ -27,14 +27,23 @@ class Runtime:
     """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields."""
 
     def __init__(self, artifacts: Iterable[Artifact], sources: list[str] | None = None):
+        from ..families import all_families
         from .loader import LoadedKernel
 
         self.sources = list(sources or [])
         self.kernels: dict[str, list[LoadedKernel]] = {}
+        # kernels whose parameter list is not the one this runtime fills (built by an aotc whose family
+        # had another ABI, e.g. an old cache entry or bundle): never launched, named when nothing else fits
+        self.other_abi: list[str] = []
+        families = all_families()
         seen: dict[tuple, LoadedKernel] = {}
         for art in artifacts:
             ident = (art.variant, art.sha256)
             if ident in seen:
+                continue
+            fam = families.get(art.variant.family)
+            if fam is not None and tuple(art.abi.params) != tuple(fam.params(art.variant)):
+                self.other_abi.append(art.variant.name)
                 continue
             seen[ident] = k = LoadedKernel(art)
             self.kernels.setdefault(art.variant.family, []).append(k)
@@ -76,9 +85,12 @@ class Runtime:
         archs = driver.runnable_archs(driver.compute_capability(device))
         pool = self.kernels.get(family, [])
         have = sorted({k.variant.name for k in pool})
+        other = sorted({n for n in self.other_abi if n.startswith(family + ".")})
         raise RuntimeLoadError(
             f"no loaded {family} kernel fits {candidates[-1]} on a device of compute capability "
-            f"{driver.compute_capability(device)} (runs {archs}); loaded: {have[:8]}{' ...' if len(have) > 8 else ''}")
+            f"{driver.compute_capability(device)} (runs {archs}); loaded: {have[:8]}{' ...' if len(have) > 8 else ''}"
+            + (f"; ignored, built with another parameter list than this aotc's: {other[:8]}" if other else ""),
+            hint="rebuild the bundle with this aotc (aotc build)" if other else None)
 
     def field_values(self, family: str, field: str, device: int) -> set:
         from . import driver

@@ -42,9 +42,7 @@ class CombinePlan:
         self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
         rows = batch * seqlen_q * heads
         slices = int(kernel.artifact.launch.extra["slices_per_cta"])  # the cubin's own mapping
-        self.split_groups = choose_split_groups(head_dim, rows, driver.multiprocessor_count(device))
-        if slices % self.split_groups:
-            raise ValueError(f"{self.variant.name}: {slices} slices per CTA, split_groups {self.split_groups}")
+        self.split_groups = choose_split_groups(slices, rows, driver.multiprocessor_count(device))
         grid = ((rows * self.split_groups + slices - 1) // slices, 1, 1)
         lse_strides = ls.strides if ls is not None else (0, 0, 0)
         values = {

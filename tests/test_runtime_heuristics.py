@@ -1,4 +1,4 @@
-"""The decode plan's split heuristic (pure arithmetic: no GPU needed)."""
+"""The runtime's launch heuristics: decode split counts, combine split groups (pure arithmetic: no GPU needed)."""
 import math
 
 import pytest
@@ -34,7 +34,7 @@ def test_combine_split_groups(head_dim, rows):
 
     sms = 132
     slices = slices_per_cta(head_dim)
-    g = choose_split_groups(head_dim, rows, sms)
+    g = choose_split_groups(slices, rows, sms)
     assert 1 <= g <= slices and slices % g == 0
     ctas = -(-rows * g // slices)
     # the most groups that keep the grid within 2 CTAs per SM (1 group when even that is too many)
@@ -43,7 +43,9 @@ def test_combine_split_groups(head_dim, rows):
 
 
 def test_combine_split_groups_by_shape():
-    from aotc.families.sdpa_combine import choose_split_groups
+    from aotc.families.sdpa_combine import choose_split_groups, slices_per_cta
 
-    assert choose_split_groups(128, 32, 132) == 4      # B=1 decode, 32 query heads: one warp per split group
-    assert choose_split_groups(128, 64 * 32, 132) == 1  # B=64: rows fill the GPU, one slice per row
+    d128 = slices_per_cta(128)
+    assert choose_split_groups(d128, 32, 132) == 4      # B=1 decode, 32 query heads: one warp per split group
+    assert choose_split_groups(d128, 64 * 32, 132) == 1  # B=64: rows fill the GPU, one slice per row
+
