@@ -191,7 +191,8 @@ def _define(torch) -> None:
                 num_splits = _decode_splits(q, k_cache, page_table, kv_layout, max_seqlen_kv)
             if workspace is None and num_splits is not None and num_splits > 1 and q.dim() == 4:
                 b, s, h, d = q.shape
-                workspace = torch.empty(rt.decode_workspace_bytes(b, s, h, d, num_splits), dtype=torch.uint8,
+                # zeros: the split counters in its last bytes must start at 0 (see aotc.runtime.decode)
+                workspace = torch.zeros(rt.decode_workspace_bytes(b, s, h, d, num_splits), dtype=torch.uint8,
                                         device=q.device)
             rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
                       kv_layout=kv_layout, num_splits=num_splits, workspace=workspace, softmax_scale=scale,
@@ -229,7 +230,10 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, max_seqlen_kv: i
 
     max_seqlen_kv bounds every seqlens_kv entry (it fixes the split count when
     num_splits is None). workspace (uint8, decode_workspace_bytes) is allocated
-    per call when None and more than one split is used.
+    (zeroed) per call when None and more than one split is used; one passed in
+    must be zeroed before its first use and written by nothing else between
+    decode calls (its last bytes hold the split counters, which every call
+    leaves at zero).
     """
     return (_ops or register()).decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, max_seqlen_kv,
                                     kv_layout, num_splits, scale)

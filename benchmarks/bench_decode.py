@@ -6,7 +6,7 @@ bf16, D 128, H_q/H_kv = 32/8, S_q = 1, pages of 16 and 64 tokens (NHD, shuffled 
 Each implementation runs as a CUDA graph of 10 calls (so host launch cost does not hide the GPU
 time), median of 20 replays after an L2 flush. Effective KV bandwidth = bytes of K and V of the
 logical problem (2 * B * S_kv * H_kv * D * 2) / time; torch reads dense [B, H_kv, S_kv, D] with
-enable_gqa=True. Also the host enqueue of one prepared decode step (decode + combine) against a
+enable_gqa=True. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
 bare cuLaunchKernel of the decode cubin, 10,000 calls each.
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main() -> None:
                 torch.cuda.synchronize()
                 row.update(aotc_us=us, aotc_TBps=kv_bytes / us / 1e6, splits=plan.num_splits, variant=plan.variant.name,
                            workspace_bytes=plan.workspace_bytes)
-                if page == 16 and B == 1:  # a split step: decode + combine
+                if page == 16 and B == 1:  # a split step (the merge runs in the same launch)
                     st = torch.cuda.current_stream().cuda_stream
                     host["aotc_prepared_decode_step"] = time_calls(
                         lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st), 10000, torch.cuda.synchronize)

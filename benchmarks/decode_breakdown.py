@@ -1,16 +1,14 @@
-"""Where a split-KV decode step's GPU and host time goes, against torch SDPA's cuDNN backend.
+"""A split-KV decode step against torch SDPA's cuDNN backend, and the step's cost over split counts.
 
     python benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out benchmarks/results
 
 bf16, D 128, H_q/H_kv = 32/8, S_q = 1, NHD pages (shuffled ids). Per shape, each as a CUDA graph of 10
 calls after an L2 flush (bench_decode.graph_time), in interleaved rounds (median of rounds):
-  step       decode + combine as the runtime launches them (combine as a programmatic dependent
-             launch, PDL, where the bundle's combine cubin waits on its prior grid)
-  step_nopdl the same two kernels, the combine launched with plain cuLaunchKernel
-  decode     the decode kernel alone;  combine  the combine kernel alone
+  step       the prepared step: one sdpa_decode launch (with splits, the last split of each
+             (sequence, KV head) merges the partials in the same launch)
   cudnn      torch SDPA (cuDNN backend) on dense KV of the same logical shape
-and, for B = 1, the step at forced split counts. Host: the prepared step (PDL and not) and a bare
-cuLaunchKernel of the decode cubin, 5,000 calls each.
+and, for B = 1, the step at forced split counts. Host: the prepared step and a bare cuLaunchKernel of
+the decode cubin with the same parameters, 5,000 calls each.
 """
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from aotc.runtime import driver
     from benchmarks.bench_decode import graph_time, paged_problem
     from benchmarks.bench_runtime import git_commit, time_calls
 
@@ -49,19 +46,11 @@ def main() -> None:
         kv_bytes = 2 * B * S * H_kv * D * 2
         k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 256)
         plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
-        row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "splits": plan.num_splits,
-               "pdl": bool(plan.combine is not None and plan.combine.programmatic)}
+        row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "splits": plan.num_splits}
+
         def cur():  # graph_time captures on a side stream: launch on whatever stream is current
             return torch.cuda.current_stream().cuda_stream
-        contenders = {"step": lambda: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur()),
-                      "decode": lambda: plan.launcher.launch(cur())}
-        plain = None
-        if plan.combine is not None:
-            plain = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
-            c = plain.combine.launcher
-            c._launch = driver.Launcher(c.handle)  # the same combine, launched without the PDL attribute
-            contenders["step_nopdl"] = lambda: plain.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
-            contenders["combine"] = lambda: plain.combine.launcher.launch(cur())
+        contenders = {"step": lambda: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())}
         kd = k[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
         vd = v[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
         qt = q.transpose(1, 2)
@@ -70,7 +59,7 @@ def main() -> None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kd, vd, enable_gqa=True)
         contenders["cudnn"] = cudnn
-        # correctness of the PDL step at this shape (fp32 reference on the dense copy)
+        # correctness of the step at this shape (fp32 reference on the dense copy)
         plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
         torch.cuda.synchronize()
         if B * S <= 300_000:
@@ -93,10 +82,8 @@ def main() -> None:
             row["split_sweep_us"] = sweep
         if page == 16 and B == 1:
             st = cur()
-            host["prepared_step_pdl"] = time_calls(lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
-                                                   5000, torch.cuda.synchronize)
-            host["prepared_step_plain"] = time_calls(lambda i: plain.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
-                                                     5000, torch.cuda.synchronize)
+            host["prepared_step"] = time_calls(lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
+                                               5000, torch.cuda.synchronize)
             lau = plan.launcher
             kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
             host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
@@ -104,7 +91,7 @@ def main() -> None:
                                             lau.params.address, 0), 5000, torch.cuda.synchronize)
         rows.append(row)
         print(json.dumps({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
-        del k, v, kd, vd, pt, q, out, ws, plan, plain
+        del k, v, kd, vd, pt, q, out, ws, plan
         torch.cuda.empty_cache()
     floor = host.get("bare_cuLaunchKernel_decode_cubin", {}).get("median_us")
     for v_ in host.values():

@@ -130,14 +130,13 @@ def breakdown_lines(bd: dict) -> list[str]:
     lines = [f"### Decode step breakdown ({bd['gpu']}, {bd['date']}, commit {bd['git_commit'][:12]}, "
              f"`{bd['command']}`)", "",
              "µs per call (CUDA graph of 10, L2 flushed, median of interleaved rounds): the step as the runtime "
-             "launches it (combine as a programmatic dependent launch), the same with a plain launch, each kernel "
-             "alone, torch SDPA cuDNN on dense KV.", "",
-             "| page | B | S_kv | splits | step | step, no PDL | decode alone | combine alone | cuDNN | x cuDNN |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "launches it (one kernel; with splits, the last split of each sequence and KV head merges), torch SDPA "
+             "cuDNN on dense KV.", "",
+             "| page | B | S_kv | splits | step µs | TB/s | cuDNN µs | x cuDNN |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in bd["rows"]:
-        f = lambda k: f"{r[k]:.1f}" if k in r else "-"  # noqa: E731
-        lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r['splits']} | {f('step_us')} | {f('step_nopdl_us')} | "
-                     f"{f('decode_us')} | {f('combine_us')} | {f('cudnn_us')} | {r['x_cudnn']:.2f} |")
+        lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r['splits']} | {r['step_us']:.1f} | "
+                     f"{r['step_TBps']:.2f} | {r['cudnn_us']:.1f} | {r['x_cudnn']:.2f} |")
     for r in bd["rows"]:
         if "split_sweep_us" in r:
             sweep = ", ".join(f"{k}: {v:.1f}" for k, v in r["split_sweep_us"].items())
@@ -160,7 +159,7 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None) -> str:
             lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r.get('splits', '')} | {f('aotc_TBps')} | "
                          f"{f('cudnn_TBps')} | {f('flash_TBps')} | {f('x_cudnn')} | {f('x_flash')} | {err} |")
         step_splits = next((r.get("splits") for r in dec["rows"] if r["page"] == 16 and r["B"] == 1), "?")
-        lines += ["", f"Host enqueue of one prepared decode step (decode + combine, {step_splits} splits; B 1, page 16), "
+        lines += ["", f"Host enqueue of one prepared decode step (one launch, {step_splits} splits; B 1, page 16), "
                       "10,000 calls:", "",
                   "| path | median µs | p99 µs | x bare cuLaunchKernel |", "|---|---|---|---|"]
         for n, v in dec["host_enqueue"].items():

@@ -49,3 +49,36 @@ def test_combine_split_groups_by_shape():
     assert choose_split_groups(d128, 32, 132) == 4      # B=1 decode, 32 query heads: one warp per split group
     assert choose_split_groups(d128, 64 * 32, 132) == 1  # B=64: rows fill the GPU, one slice per row
 
+
+
+@pytest.mark.parametrize("batch,seqlen_q,heads_q,heads_kv", [(1, 1, 32, 8), (3, 4, 8, 2), (64, 1, 32, 8),
+                                                             (2, 16, 64, 1), (5, 1, 16, 16), (1, 3, 40, 8)])
+@pytest.mark.parametrize("splits", [2, 7, 64])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_workspace_layout(batch, seqlen_q, heads_q, heads_kv, splits, head_dim):
+    from aotc.runtime.decode import workspace_bytes, workspace_layout
+
+    need = workspace_bytes(batch, seqlen_q, heads_q, head_dim, splits)
+    for nbytes in (need, need + 4, need + 1000):
+        at = workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, splits, nbytes)
+        rows = batch * seqlen_q * heads_q
+        # one counter per decode CTA column (sequence, KV head, row tile of 16 packed rows)
+        assert at["n_counters"] == batch * heads_kv * math.ceil(heads_q // heads_kv * seqlen_q / 16)
+        assert at["lse_partial"] >= splits * rows * head_dim * 4 and at["lse_partial"] % 16 == 0
+        assert at["partials_end"] >= at["lse_partial"] + splits * rows * 4
+        assert at["counters"] % 16 == 0 and at["counters"] >= at["partials_end"]
+        assert at["counters"] + at["n_counters"] * 4 <= nbytes
+    with pytest.raises(ValueError, match="too small"):
+        workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, splits, need - 16)
+
+
+def test_decode_plans_sharing_a_workspace_sized_for_the_largest_never_overlap():
+    # every plan's partials end before every other plan's counters start when the buffer is sized with
+    # decode_workspace_bytes of the most rows and splits (what the decode docs advise)
+    from aotc.runtime.decode import workspace_bytes, workspace_layout
+
+    configs = [(b, 1, hq, hkv, s) for b in (1, 8, 64) for hq, hkv in ((32, 8), (16, 2), (8, 8)) for s in (2, 24, 64)]
+    nbytes = workspace_bytes(64, 1, 32, 128, 64)
+    layouts = [workspace_layout(b, sq, hq, hkv, 128, s, nbytes) for b, sq, hq, hkv, s in configs]
+    first_counter = min(at["counters"] for at in layouts)
+    assert max(at["partials_end"] for at in layouts) <= first_counter

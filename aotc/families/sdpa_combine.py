@@ -17,7 +17,7 @@ specialization promises that O is contiguous [B, S_q, H, D] and LSE contiguous
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param, has_grid_dependency_control
+from ..abi import LaunchFacts, Param
 from ..variant import Variant
 from . import KNOWN_ARCHS, Family, Field, register
 
@@ -89,10 +89,7 @@ def _launch(variant: Variant) -> LaunchFacts:
         block=(THREADS, 1, 1),
         dynamic_smem=smem_bytes(variant["head_dim"]),
         grid_rule="grid.x = ceil(batch * seqlen_q * heads * split_groups / slices_per_cta)",
-        # pdl_wait: the kernel starts with griddepcontrol.wait, so it may be launched as a programmatic
-        # dependent of the kernel writing its partials (the decode plan does)
-        extra={"slices_per_cta": slices_per_cta(variant["head_dim"]),
-               "pdl_wait": has_grid_dependency_control(variant.arch)},
+        extra={"slices_per_cta": slices_per_cta(variant["head_dim"])},
     )
 
 

@@ -17,10 +17,14 @@ once per split; larger groups take ceil(rows / ROWS_PER_CTA) CTAs along grid.y. 
 each kv block's keys between them and merge their partial softmax states at the end.
 
 Split-KV: num_splits CTAs share a sequence; split s handles tokens [s*chunk, (s+1)*chunk) where
-chunk = ceil(ceil(seqlens_kv[b] / num_splits) / BLOCK_N) * BLOCK_N. With write_partial != 0 a split
-writes fp32 O_partial [splits, B, S_q, H_q, D] and LSE_partial [splits, B, H_q, S_q] (a split that sees no
-key writes LSE -inf), and sdpa_combine merges them; with write_partial == 0 (num_splits == 1) the
-kernel writes O (dtype) and LSE directly.
+chunk = ceil(ceil(seqlens_kv[b] / num_splits) / BLOCK_N) * BLOCK_N. With write_partial == 0
+(num_splits == 1) the kernel writes O (dtype) and LSE directly. With write_partial != 0 every split
+writes fp32 O_partial [splits, B, S_q, H_q, D] and LSE_partial [splits, B, H_q, S_q] (a split that sees
+no key writes LSE -inf), then takes a ticket from its (b, kv head, row tile)'s int32 counter,
+counters[b * gridDim.y + blockIdx.y]; the CTA that draws the last ticket merges the num_splits partials
+into O and LSE (as sdpa_combine would) and sets the counter back to 0. So one launch does the whole
+step, and the counters must be 0 when a launch starts: the runtime zeroes them when it prepares a
+plan, and every launch leaves them 0.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ ROWS_PER_CTA = 16  # packed (token, query head) rows one CTA serves (one m16 MMA
 
 PARAMS: tuple[Param, ...] = (
     Param("q", "ptr"), Param("k", "ptr"), Param("v", "ptr"), Param("o", "ptr"), Param("lse", "ptr"),
-    Param("o_partial", "ptr"), Param("lse_partial", "ptr"), Param("page_table", "ptr"), Param("seqlens_kv", "ptr"),
+    Param("o_partial", "ptr"), Param("lse_partial", "ptr"), Param("counters", "ptr"), Param("page_table", "ptr"),
+    Param("seqlens_kv", "ptr"),
     Param("batch", "i32"), Param("seqlen_q", "i32"), Param("heads_q", "i32"), Param("heads_kv", "i32"),
     Param("num_splits", "i32"), Param("max_pages", "i32"), Param("write_lse", "i32"), Param("write_partial", "i32"),
     Param("softmax_scale", "f32"),
@@ -63,7 +68,8 @@ def _launch(variant: Variant) -> LaunchFacts:
         block=(128, 1, 1),
         dynamic_smem=-1,  # reported by the compile
         grid_rule="grid = (num_splits, heads_kv * ceil(heads_q / heads_kv * seqlen_q / ROWS_PER_CTA), batch)",
-        # pdl_trigger: each CTA starts with griddepcontrol.launch_dependents (the combine may be dispatched early)
+        # pdl_trigger: each CTA starts with griddepcontrol.launch_dependents: a kernel launched after the step as a
+        # programmatic dependent may be dispatched early (it must griddepcontrol.wait before reading O or LSE)
         extra={"pdl_trigger": has_grid_dependency_control(variant.arch)},
     )
 

@@ -15,11 +15,6 @@ combines, more for small ones), slice g taking splits g, g + split_groups, ...:
 
 A split whose lse_i is -inf (or whose index is >= splits) never has its O_i loaded.
 All address arithmetic is 64-bit.
-
-On sm_90+ the kernel starts with griddepcontrol.wait, so the runtime may launch it as a programmatic
-dependent of the decode kernel that writes its partials (PDL): its CTAs are dispatched while the decode
-grid drains and read the partials only once that grid has finished and flushed its writes. Launched
-without the PDL attribute the instruction returns at once.
 """
 import math
 import os
@@ -30,7 +25,6 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, slices_per_cta, smem_bytes
-from ..abi import has_grid_dependency_control
 from ._compile import check_param_kinds, placeholders
 
 # splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
@@ -42,8 +36,8 @@ _NEG_INF = -math.inf
 _EVICT_FIRST = cute.nvgpu.CacheEvictionPriority.EVICT_FIRST
 
 
-def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
-    """The @cute.jit host function for one (head_dim, dtype, strides) variant; pdl: wait on the prior grid."""
+def _build(head_dim: int, out_dtype, packed: bool):
+    """The @cute.jit host function for one (head_dim, dtype, strides) variant."""
     tpr = head_dim // VECTOR          # threads per row slice (VECTOR columns each)
     slices = slices_per_cta(head_dim)  # slices per CTA; split_groups (a runtime value) of them per row
     sub = min(tpr, 32)                # lanes sharing pass 1 (within one warp: shuffles)
@@ -85,8 +79,6 @@ def _build(head_dim: int, out_dtype, packed: bool, pdl: bool):
         lse_stride_h: Int64,
         lse_stride_s: Int64,
     ):
-        if cutlass.const_expr(pdl):
-            cute.arch.griddepcontrol_wait()  # the partials' writer (a PDL primary) has finished
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_sg = split_groups               # slices per row (a power of two dividing `slices`)
@@ -248,7 +240,7 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     head_dim = int(variant["head_dim"])
     out_dtype = _OUT_DTYPES[variant["dtype"]]
     packed = variant["strides"] == "packed"
-    host = _build(head_dim, out_dtype, packed, has_grid_dependency_control(variant.arch))
+    host = _build(head_dim, out_dtype, packed)
     # cute.compile always compiles afresh (it passes no_cache itself); the files written to
     # dump_dir are named after the host function and its argument types only, so callers
     # compiling several variants concurrently should give each its own dump_dir.

@@ -17,7 +17,7 @@ quarter of the tensor-core work of a block, so the CTA stays memory bound even w
 the 16 rows are real (group 4-8 with S_q = 1 is the common case).
 
 Split-KV: split s covers tokens [lo, hi) = [s*chunk, min((s+1)*chunk, S_kv)) with
-chunk = ceil(ceil(S_kv / num_splits) / BLOCK_N) * BLOCK_N (any partition is valid for the combine;
+chunk = ceil(ceil(S_kv / num_splits) / BLOCK_N) * BLOCK_N (any partition is valid for the merge;
 this one keeps lo a multiple of BLOCK_N and of the page size).
 
 Pipeline: a ring of SLOTS tile buffers in dynamic smem; tiles are issued in the order
@@ -53,8 +53,18 @@ and unnormalized fp32 O to smem (overlaying Q and the ring; rows padded by 8 flo
 conflicts); then each thread merges 8 consecutive columns of a row over the 4 warps:
 M = max m_w, e_w = 2^((m_w - M)*scale*log2 e), L = sum e_w l_w, O = sum e_w O_w / L,
 LSE = (M*scale*log2 e + log2 L) * ln 2 (natural log); L = 0 (no visible key) gives O = 0 and
-LSE = -inf. write_partial != 0: fp32 O_partial (two 16-byte stores) and LSE_partial; else O in
-fp16/bf16 (one 16-byte store) and LSE when write_lse != 0. Only rows < group*S_q are stored.
+LSE = -inf. write_partial == 0: O in fp16/bf16 (one 16-byte store) and LSE when write_lse != 0.
+Only rows < group*S_q are stored.
+
+Split-KV (write_partial != 0): fp32 O_partial (two 16-byte stores) and LSE_partial, then the split
+merge in the same launch (split_arrive, merge_splits): barrier; thread 0 issues a gpu-scope release
+fence and an acq_rel atomicAdd on counters[b * gridDim.y + blockIdx.y] (the barrier orders every
+thread's partial stores before the fence, which is cumulative); the CTA that draws ticket
+num_splits - 1 resets the counter to 0, fences (acquire) and, after a barrier, reads every split's
+partials of its rows: pass 1 m = max lse_s and L = sum exp(lse_s - m) with the splits spread over the
+lanes of a row (shuffles), pass 2 O = sum exp(lse_s - m) O_s / L with MERGE_UNROLL 16-byte partial
+loads in flight per thread, LSE = m + log L (m = -inf: O = 0, LSE = -inf). The other CTAs exit. The
+partials were just written, so the merge reads L2, and the step needs no second kernel.
 
 Tiles (KW keys per warp per block, BLOCK_N = 4*KW, SLOTS) per head dim and smem class, see CONFIGS:
 2 CTAs per SM on sm_90/sm_100 (<= 113 KB each) and on sm_80 (<= 81 KB), 1 CTA on the 99 KB parts.
@@ -83,6 +93,8 @@ _THREADS = 128
 _WARPS = 4
 _ROWS = 16        # rows of the CTA tile: one m16 MMA tile
 _ACC_PAD = 8      # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
+MERGE_VEC = 4     # split merge: fp32 columns per thread (one 16-byte load of a partial row)
+MERGE_UNROLL = 8  # split merge: partial rows in flight per thread
 
 # keys per warp per block (KW) and ring slots per head dim, by smem class of the arch:
 #   big   sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs per SM
@@ -152,12 +164,15 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     ROW_ITERS = BN // 16                # rows a thread copies per tile
     N_CHUNKS = D // ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
     PAGED = page > 0
-    PDL = has_grid_dependency_control(arch)  # trigger the combine (programmatic dependent launch)
+    PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
     N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
     LOG2_P = page.bit_length() - 1 if PAGED else 0
     ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
     ML_FLOATS = _WARPS * _ROWS * 2
     OUT_CHUNKS = _ROWS * D // VEC // _THREADS  # 8-column output chunks per thread
+    MERGE_TPR = D // MERGE_VEC              # split merge: threads per row
+    MERGE_ROWS = _THREADS // MERGE_TPR      # rows merged at a time (D 256: 2 rows of 64 threads)
+    MERGE_SUB = min(MERGE_TPR, 32)          # lanes sharing pass 1 (within a warp: shuffles)
     assert SLOTS >= 2 and KW % 16 == 0 and D % ATOM_COLS == 0 and BN % 16 == 0
     assert (_ROWS * D // VEC) % _THREADS == 0
     if PAGED:
@@ -438,11 +453,112 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                         if c0 == 0:
                             lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
                                     + Int64(i) * ctx.lse_stride_s] = lse_v
+        if ctx.write_partial != 0:
+            split_arrive(ctx, tid)
+            if mbase[0] != Float32(0.0):
+                merge_splits(ctx, tid)
+
+    @cute.jit
+    def split_arrive(ctx, tid):
+        """Split-KV: after this CTA's partials are stored, draw a ticket from the (b, kv head, row tile)
+        counter; True (1.0 in smem) for the CTA drawing the last one, which resets the counter."""
+        mbase = ctx.merge_ptr
+        counters = ctx.counters
+        # every thread's partial stores (and its reads of the merge buffer) are done; thread 0's
+        # gpu-scope release below covers them (cumulative over the barrier)
+        cute.arch.barrier()
+        if tid == 0:
+            idx = Int64(ctx.bidx) * Int64(ctx.n_y) + Int64(ctx.yblk)
+            cute.arch.fence_acq_rel_gpu()
+            ticket = cute.arch.atomic_add(counters + idx, Int32(1), sem="acq_rel", scope="gpu")
+            flag = Float32(0.0)
+            if ticket == ctx.num_splits - 1:
+                # every split has arrived: no one else touches the counter in this launch
+                counters[idx] = Int32(0)
+                cute.arch.fence_acq_rel_gpu()  # acquire the other splits' partials for the whole CTA
+                flag = Float32(1.0)
+            mbase[0] = flag
+        cute.arch.barrier()
+
+    @cute.jit
+    def merge_splits(ctx, tid):
+        """The last split's CTA: O = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s), over the
+        CTA's real rows; MERGE_TPR threads (MERGE_VEC fp32 columns each) per row, MERGE_ROWS rows at a
+        time. Pass 1 spreads the splits' lse over MERGE_SUB lanes (shuffles); pass 2 loads
+        MERGE_UNROLL O_s per thread at once (the partials were just written: L2 hits)."""
+        slice_idx = tid // MERGE_TPR
+        lane = tid - slice_idx * MERGE_TPR
+        sub_lane = lane % MERGE_SUB
+        n_real = cutlass.min(ctx.n_rows - ctx.row_tile * _ROWS, Int32(_ROWS))
+        splits = ctx.num_splits
+        lse_partial = ctx.lse_partial
+        o_partial = ctx.o_partial
+        o = ctx.o
+        lse = ctx.lse
+        lp_split = ctx.lp_stride_split
+        op_split = ctx.op_stride_split
+        for it in cutlass.range((n_real + (MERGE_ROWS - 1)) // MERGE_ROWS, unroll=1):
+            row = it * MERGE_ROWS + slice_idx
+            valid = row < n_real
+            rr = ctx.row_tile * _ROWS + row
+            i = rr // ctx.group
+            h = ctx.kvh * ctx.group + (rr - i * ctx.group)
+            lp_row = Int64(ctx.bidx) * ctx.lp_stride_b + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s
+            op_row = (Int64(ctx.bidx) * ctx.op_stride_b + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h
+                      + Int64(lane * MERGE_VEC))
+            # pass 1 (every lane takes part in the shuffles; rows past n_real read nothing)
+            my_splits = splits if valid else Int32(0)
+            m = Float32(NEG_INF)
+            for sp in range(sub_lane, my_splits, MERGE_SUB):
+                m = cute.arch.fmax(m, lse_partial[lp_row + Int64(sp) * lp_split])
+            for k in cutlass.range_constexpr(MERGE_SUB.bit_length() - 1):
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(
+                    m, offset=MERGE_SUB >> (k + 1), mask=-1, mask_and_clamp=31))
+            m_s = Float32(0.0) if m == Float32(NEG_INF) else m  # no live split: every weight is 0
+            total = Float32(0.0)
+            for sp in range(sub_lane, my_splits, MERGE_SUB):
+                total = total + cute.math.exp2((lse_partial[lp_row + Int64(sp) * lp_split] - m_s) * Float32(LOG2_E),
+                                               fastmath=True)
+            for k in cutlass.range_constexpr(MERGE_SUB.bit_length() - 1):
+                total = total + cute.arch.shuffle_sync_bfly(
+                    total, offset=MERGE_SUB >> (k + 1), mask=-1, mask_and_clamp=31)
+            # pass 2: MERGE_UNROLL splits per group, their O_s loads issued together
+            acc = cute.make_rmem_tensor((MERGE_VEC,), Float32)
+            acc.fill(0.0)
+            wv = cute.make_rmem_tensor((MERGE_UNROLL,), Float32)
+            ov = cute.make_rmem_tensor((MERGE_VEC, MERGE_UNROLL), Float32)
+            for s0 in range(0, my_splits, MERGE_UNROLL):
+                for k in cutlass.range_constexpr(MERGE_UNROLL):
+                    wv[k] = Float32(0.0)
+                    ov[None, k].fill(0.0)
+                    if s0 + k < my_splits:
+                        off = cute.assume(op_row + Int64(s0 + k) * op_split, divby=MERGE_VEC)
+                        cute.autovec_copy(cute.make_tensor(o_partial + off, cute.make_layout(MERGE_VEC)),
+                                          ov[None, k])
+                        wv[k] = cute.math.exp2((lse_partial[lp_row + Int64(s0 + k) * lp_split] - m_s)
+                                               * Float32(LOG2_E), fastmath=True)
+                for k in cutlass.range_constexpr(MERGE_UNROLL):
+                    acc.store(acc.load() + ov[None, k].load() * wv[k])
+            if valid:
+                inv = Float32(0.0)
+                lse_v = Float32(NEG_INF)  # no visible key in any split: O = 0, LSE = -inf
+                if total > Float32(0.0):
+                    inv = Float32(1.0) / total
+                    lse_v = m_s + cute.math.log2(total, fastmath=True) * Float32(LN_2)
+                off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s + Int64(h) * ctx.o_stride_h
+                       + Int64(lane * MERGE_VEC))
+                dst = cute.make_tensor(o + cute.assume(off, divby=MERGE_VEC), cute.make_layout(MERGE_VEC))
+                dst.store((acc.load() * inv).to(dtype))
+                if ctx.write_lse != 0:
+                    if lane == 0:
+                        lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
+                                + Int64(i) * ctx.lse_stride_s] = lse_v
 
     @cute.kernel
     def sdpa_decode_kernel(
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
-        o_partial: cute.Pointer, lse_partial: cute.Pointer, page_table: cute.Pointer, seqlens_kv: cute.Pointer,
+        o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
+        seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
         num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
         softmax_scale: Float32,
@@ -456,8 +572,8 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
     ):
         if cutlass.const_expr(PDL):
-            # let the combine kernel (a PDL secondary, which waits for this whole grid before reading
-            # the partials) be dispatched now, so its launch hides behind this grid's run
+            # a kernel the caller launches next as a programmatic dependent (e.g. the output projection,
+            # which must griddepcontrol.wait before reading O) may be dispatched now, hiding its launch
             cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         split, yblk, bidx = cute.arch.block_idx()
@@ -500,7 +616,8 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         ctx = SimpleNamespace(
             tidx=Int32(tidx), split=split, bidx=bidx, kvh=kvh, row_tile=row_tile,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
-            q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial,
+            q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial, counters=counters,
+            num_splits=num_splits, yblk=yblk, n_y=heads_kv * row_tiles,
             page_table=page_table,
             pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
             q_stride_b=q_stride_b, q_stride_s=q_stride_s, q_stride_h=q_stride_h,
@@ -562,7 +679,8 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     @cute.jit
     def sdpa_decode_host(
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
-        o_partial: cute.Pointer, lse_partial: cute.Pointer, page_table: cute.Pointer, seqlens_kv: cute.Pointer,
+        o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
+        seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
         num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
         softmax_scale: Float32,
@@ -580,7 +698,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         group = heads_q // heads_kv
         row_tiles = (group * seqlen_q + (_ROWS - 1)) // _ROWS
         sdpa_decode_kernel(
-            q, k, v, o, lse, o_partial, lse_partial, page_table, seqlens_kv,
+            q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlens_kv,
             batch, seqlen_q, heads_q, heads_kv, num_splits, max_pages, write_lse, write_partial,
             softmax_scale,
             q_stride_b, q_stride_s, q_stride_h,
@@ -697,13 +815,13 @@ def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90"
 
 def _placeholders(dtype) -> list:
     pointers = {n: (dtype, 16) for n in ("q", "k", "v", "o")}
-    pointers.update(lse=(Float32, 4), o_partial=(Float32, 16), lse_partial=(Float32, 4), page_table=(Int32, 4),
-                    seqlens_kv=(Int32, 4))
+    pointers.update(lse=(Float32, 4), o_partial=(Float32, 16), lse_partial=(Float32, 4), counters=(Int32, 4),
+                    page_table=(Int32, 4), seqlens_kv=(Int32, 4))
     return placeholders(PARAMS, pointers)
 
 
 def _check_params() -> None:
-    check_param_kinds("sdpa_decode", PARAMS, ["ptr"] * 9 + ["i32"] * 8 + ["f32"] + ["i64"] * 25)
+    check_param_kinds("sdpa_decode", PARAMS, ["ptr"] * 10 + ["i32"] * 8 + ["f32"] + ["i64"] * 25)
 
 
 def _compile(variant, dump_dir: str, keep_ptx: bool):

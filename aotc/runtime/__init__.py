@@ -165,7 +165,9 @@ class Runtime:
     def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv: int,
                kv_layout: str = "NHD", num_splits: int | None = None, workspace=None, softmax_scale=None,
                stream=None) -> None:
-        """One decode step; the plan for these caches and layouts is prepared once and cached."""
+        """One decode step; the plan for these caches and layouts (and this workspace) is prepared once
+        and cached. With split-KV the workspace's split counters are zeroed when the plan is prepared, and
+        each step leaves them zero: keep the workspace for decode alone (see aotc.runtime.decode)."""
         from .decode import DecodePlan
 
         recs = [None if x is None else as_tensor(x, n) for x, n in

@@ -24,10 +24,7 @@ OUT_DTYPES = ("fp16", "bf16", "fp32")
 
 
 class CombinePlan:
-    def __init__(self, runtime, o_partial, lse_partial, out, lse=None, *, after_writer: bool = False):
-        """after_writer: the plan always runs right after the kernel that writes the partials on the same
-        stream (the decode plan): where the cubin waits for its prior grid (launch facts "pdl_wait"),
-        launch it as that kernel's programmatic dependent, hiding its launch behind the writer's run."""
+    def __init__(self, runtime, o_partial, lse_partial, out, lse=None):
         op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
         ls = None if lse is None else as_tensor(lse, "lse")
         device = runtime.device()
@@ -58,8 +55,7 @@ class CombinePlan:
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
         }
         self.has_lse = ls is not None
-        self.programmatic = after_writer and bool(kernel.artifact.launch.extra.get("pdl_wait", False))
-        self.launcher = PreparedLaunch(kernel, grid, device, values, programmatic=self.programmatic)
+        self.launcher = PreparedLaunch(kernel, grid, device, values)
         slots = self.launcher.params.slots
         self._slots = (slots["o_partial"], slots["lse_partial"], slots["o"], slots["lse"])
 

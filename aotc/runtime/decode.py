@@ -12,9 +12,19 @@ separate pools with their own strides; page_table int32 [B, max_pages]; seqlens_
 device. Dense KV: K/V [B, S_kv_max, H_kv, D] and page_table=None.
 
 Splits: the number of KV splits is fixed when the plan is prepared (from B, H_kv, the SM count and
-max_seqlen_kv, the longest KV length any step will use) unless the caller sets it. With more than one
-split the partial results go to the caller's workspace (decode_workspace_bytes) and sdpa_combine
-merges them on the same stream. Nothing is allocated at execute time.
+max_seqlen_kv, the longest KV length any step will use) unless the caller sets it. A step is one
+kernel launch either way. With more than one split the splits write fp32 partial results into the
+caller's workspace (decode_workspace_bytes) and the last split of each (sequence, KV head) to finish
+merges them into out and lse; which one is last is counted with int32 counters in the workspace's
+last bytes. Nothing is allocated at execute time.
+
+The counters must be zero when a step starts. Preparing a plan zeroes them (a synchronous memset:
+prepare while nothing else uses the workspace, and outside CUDA-graph capture), and every step leaves
+them zero, so between steps the workspace must not be written by anything else. A buffer shared by
+several plans works when it is sized for the largest of them (decode_workspace_bytes of the most rows
+and splits): partials start at the front and counters end at the back, so one plan's partials never
+reach another's counters. A fresh workspace per step (e.g. from a caching allocator) must be zeroed
+first (torch.zeros), since its bytes are whatever was there before.
 """
 from __future__ import annotations
 
@@ -24,7 +34,7 @@ from ..errors import ArgumentError
 from ..families.sdpa_decode import KV_CHOICES, MAX_SEQLEN_Q, ROWS_PER_CTA
 from . import validate as V
 from .launch import PreparedLaunch
-from .tensors import TensorArg, as_stream, as_tensor, tensor
+from .tensors import TensorArg, as_stream, as_tensor
 
 FAMILY = "sdpa_decode"
 DTYPES = ("fp16", "bf16")
@@ -38,11 +48,33 @@ def _align16(n: int) -> int:
 
 
 def workspace_bytes(batch: int, seqlen_q: int, heads_q: int, head_dim: int, num_splits: int) -> int:
-    """Bytes of workspace a decode with `num_splits` splits needs (0 for one split)."""
+    """Bytes of workspace a decode with `num_splits` splits needs (0 for one split): fp32 O and LSE
+    partials, then room for the split counters (one int32 per (sequence, KV head, row tile), at most
+    one per row)."""
     if num_splits <= 1:
         return 0
     rows = batch * seqlen_q * heads_q
+    return _partials_bytes(num_splits, rows, head_dim) + _align16(rows * 4)
+
+
+def _partials_bytes(num_splits: int, rows: int, head_dim: int) -> int:
     return _align16(num_splits * rows * head_dim * 4) + _align16(num_splits * rows * 4)
+
+
+def workspace_layout(batch: int, seqlen_q: int, heads_q: int, heads_kv: int, head_dim: int, num_splits: int,
+                     nbytes: int) -> dict:
+    """Byte offsets in a 16-byte aligned workspace of `nbytes` (at least workspace_bytes(...)): O partials
+    at 0, LSE partials after them, and n_counters int32 split counters (one per decode CTA column:
+    sequence, KV head, row tile) ending at the buffer's last 16-byte boundary. Counters at the back keep
+    them clear of any other plan's partials in a shared buffer sized for the largest plan."""
+    rows = batch * seqlen_q * heads_q
+    row_tiles = math.ceil(heads_q // heads_kv * seqlen_q / ROWS_PER_CTA)
+    n_counters = batch * heads_kv * row_tiles
+    counters = nbytes // 16 * 16 - _align16(n_counters * 4)
+    if nbytes < workspace_bytes(batch, seqlen_q, heads_q, head_dim, num_splits) or n_counters > rows:
+        raise ValueError(f"workspace of {nbytes} bytes: too small for {num_splits} splits of {rows} rows")
+    return {"o_partial": 0, "lse_partial": _align16(num_splits * rows * head_dim * 4), "counters": counters,
+            "n_counters": n_counters, "partials_end": _partials_bytes(num_splits, rows, head_dim)}
 
 
 def choose_splits(batch: int, heads_kv: int, row_tiles: int, max_seqlen_kv: int, sm_count: int) -> int:
@@ -86,11 +118,9 @@ class DecodePlan:
         kv = "dense" if pt is None else f"paged{page}"
         kernel = runtime.select(FAMILY, device, [{"dtype": q_.dtype, "head_dim": head_dim, "kv": kv}])
         self.variant = kernel.variant
-        rows = batch * seqlen_q * heads_q
         op_strides = (batch * seqlen_q * heads_q * head_dim, seqlen_q * heads_q * head_dim, heads_q * head_dim, head_dim)
         lp_strides = (batch * heads_q * seqlen_q, heads_q * seqlen_q, seqlen_q, 1)
-        ws_ptr = 0
-        self.combine = None
+        ws_ptr = lp_ptr = counters_ptr = 0
         if num_splits > 1:
             if workspace is None:
                 raise ArgumentError("workspace", None, f"a device buffer of at least {self.workspace_bytes} bytes "
@@ -105,19 +135,15 @@ class DecodePlan:
             V.no_overlap({"workspace": ws}, {**t, "seqlens_kv": sl, **({"page_table": pt} if pt else {}),
                                              **({"lse": ls} if ls else {})})
             ws_ptr = ws.ptr
-            lp_ptr = ws_ptr + _align16(num_splits * rows * head_dim * 4)
-            op_rec = tensor(ws_ptr, (num_splits, batch, seqlen_q, heads_q, head_dim), op_strides + (1,), "fp32", device)
-            lp_rec = tensor(lp_ptr, (num_splits, batch, heads_q, seqlen_q), lp_strides, "fp32", device)
-            from .combine import CombinePlan
-
-            self.combine = CombinePlan(runtime, op_rec, lp_rec, o_, ls, after_writer=True)
-        else:
-            lp_ptr = 0
+            at = workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, num_splits, hi - lo)
+            lp_ptr = ws_ptr + at["lse_partial"]
+            counters_ptr = ws_ptr + at["counters"]
+            driver.memset_d32(counters_ptr, 0, at["n_counters"])  # every step leaves them zero again
         lse_strides = ls.strides if ls is not None else (0, 0, 0)
         pt_strides = pt.strides if pt is not None else (0, 0)
         values = {
             "q": q_.ptr, "k": k_.ptr, "v": v_.ptr, "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
-            "o_partial": ws_ptr, "lse_partial": lp_ptr, "page_table": 0 if pt is None else pt.ptr,
+            "o_partial": ws_ptr, "lse_partial": lp_ptr, "counters": counters_ptr, "page_table": 0 if pt is None else pt.ptr,
             "seqlens_kv": sl.ptr, "batch": batch, "seqlen_q": seqlen_q, "heads_q": heads_q, "heads_kv": heads_kv,
             "num_splits": num_splits, "max_pages": 0 if pt is None else pt.shape[1],
             "write_lse": int(ls is not None), "write_partial": int(num_splits > 1),
@@ -141,7 +167,6 @@ class DecodePlan:
         self._out_align = 16
         slots = self.launcher.params.slots
         self._slots = tuple(slots[n] for n in ("q", "o", "lse", "seqlens_kv", "page_table"))
-        self._ws = (ws_ptr, lp_ptr)
         # what a step's outputs must never overlap (rechecked per step against the new out/lse)
         self._inputs = {"k_cache": k_, "v_cache": v_, "seqlens_kv": sl, **({"page_table": pt} if pt else {})}
         if num_splits > 1:
@@ -167,8 +192,6 @@ class DecodePlan:
                 raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
             s[4].value = page_table
         self.launcher.launch(stream)
-        if self.combine is not None:
-            self.combine.run(self._ws[0], self._ws[1], out, lse, stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:
         """One decode step on tensors shaped like the prepared ones."""

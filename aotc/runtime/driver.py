@@ -96,6 +96,15 @@ def runnable_archs(cc: tuple[int, int]) -> list[str]:
     return archs
 
 
+def memset_d32(ptr: int, value: int, count: int) -> None:
+    """Set `count` int32 words at device address `ptr` and wait until it is done (on the legacy
+    default stream, then synchronized, so work later enqueued on any stream sees the words)."""
+    if count:
+        init()
+        check(cu.cuMemsetD32Async(cu.CUdeviceptr(ptr), value, count, cu.CUstream(0)), "cuMemsetD32Async")
+        check(cu.cuStreamSynchronize(cu.CUstream(0)), "cuStreamSynchronize")
+
+
 # ---- the launch hot path -------------------------------------------------------
 class Launcher:
     """cuLaunchKernel for one kernel handle with a pre-packed void** parameter array.
@@ -123,40 +132,3 @@ class Launcher:
                            self._stream_obj, params_addr, 0)[0]
         if err != self._ok:
             raise DriverError(f"cuLaunchKernel failed: {error_name(int(err))}")
-
-
-class ProgrammaticLauncher:
-    """cuLaunchKernelEx with programmatic stream serialization (PDL): the kernel may be dispatched while
-    the previous kernel on the stream still runs, once that kernel's CTAs have all executed
-    griddepcontrol.launch_dependents (or exited). Only for kernels that execute griddepcontrol.wait
-    before reading what the previous kernel writes (launch facts "pdl_wait"). Same call as Launcher;
-    the launch configuration is kept and rebuilt only when the grid, block, smem or stream changes.
-    """
-
-    __slots__ = ("function", "_config", "_key", "_launch", "_ok")
-
-    def __init__(self, kernel_handle: int):
-        self.function = cu.CUfunction(kernel_handle)  # a CUkernel handle cast, as cuLaunchKernelEx allows
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        self._config = cu.CUlaunchConfig()
-        self._config.attrs = [attr]
-        self._config.numAttrs = 1
-        self._key = None
-        self._launch = cu.cuLaunchKernelEx
-        self._ok = cu.CUresult.CUDA_SUCCESS
-
-    def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
-                 params_addr: int) -> None:
-        key = (grid, block, smem, stream)
-        if key != self._key:
-            c = self._config
-            c.gridDimX, c.gridDimY, c.gridDimZ = grid
-            c.blockDimX, c.blockDimY, c.blockDimZ = block
-            c.sharedMemBytes = smem
-            c.hStream = cu.CUstream(stream)
-            self._key = key
-        err = self._launch(self._config, self.function, params_addr, 0)[0]
-        if err != self._ok:
-            raise DriverError(f"cuLaunchKernelEx (programmatic dependent launch) failed: {error_name(int(err))}")

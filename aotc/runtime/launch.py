@@ -47,8 +47,7 @@ class PreparedLaunch:
 
     __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "_launch", "_params_addr")
 
-    def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], device: int, values: dict,
-                 programmatic: bool = False):
+    def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], device: int, values: dict):
         self.kernel = kernel
         self.device = device
         self.handle = kernel.ensure_loaded(device)
@@ -62,8 +61,7 @@ class PreparedLaunch:
             raise ValueError(f"prepared launch of {kernel.variant.name}: no value for parameters {sorted(missing)}")
         self.params.update(values)
         self._params_addr = self.params.address
-        # programmatic: a PDL secondary of the previous kernel on the stream (the kernel must wait for it)
-        self._launch = (driver.ProgrammaticLauncher if programmatic else driver.Launcher)(self.handle)
+        self._launch = driver.Launcher(self.handle)
 
     def launch(self, stream: int = 0) -> None:
         if not self.empty:

@@ -1,4 +1,4 @@
-"""sdpa_decode (+ sdpa_combine for split-KV) on the GPU against an fp32 torch reference.
+"""sdpa_decode (split-KV merged in the same launch) on the GPU against an fp32 torch reference.
 
 The reference gathers each sequence's keys and values through the page table into dense
 [S_kv, H_kv, D] tensors and runs softmax(QK^T*scale + causal mask) V in fp32, the causal mask
@@ -197,10 +197,15 @@ def test_decode_cuda_graph_replay_with_changed_inputs(rt):
             check_close(lse[b], rl, LSE_TOL, f"graph step {step} LSE b={b}")
 
 
+def counters_tail(ws, n_counters):
+    """The int32 split counters a plan keeps in its workspace's last bytes (see aotc.runtime.decode)."""
+    return ws[ws.numel() - (n_counters * 4 + 15) // 16 * 16:].view(torch.int32)[-n_counters:]
+
+
 def test_decode_back_to_back_steps(rt):
-    """Steps enqueued without a sync in between, each with its own Q and O: the combine (launched as a
-    programmatic dependent of its decode kernel where the cubins allow) must read only its own step's
-    partials, and the next step's decode must not overwrite them while the combine still reads."""
+    """Steps enqueued without a sync in between, each with its own Q and O, over a workspace whose bytes
+    start as garbage: preparing zeroes the split counters, each step's last split must merge exactly
+    its own step's partials and leave the counters at zero for the next step."""
     variants = [v for v in decode_variants(rt) if v[2] != "dense"]
     dtype, D, kv = variants[0]
     gen = torch.Generator(device="cuda").manual_seed(21)
@@ -209,10 +214,11 @@ def test_decode_back_to_back_steps(rt):
     qs = [torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen) for _ in range(steps)]
     outs = [torch.full_like(qs[0], math.nan) for _ in range(steps)]
     lses = [torch.full((B, H_q, S_q), math.nan, device="cuda") for _ in range(steps)]
-    ws = torch.empty(rt.decode_workspace_bytes(B, S_q, H_q, D, 7), dtype=torch.uint8, device="cuda")
+    ws = torch.full((rt.decode_workspace_bytes(B, S_q, H_q, D, 7),), 0x7F, dtype=torch.uint8, device="cuda")
     plan = rt.prepare_decode(qs[0], cache.k, cache.v, outs[0], cache.seqlens, cache.page_table, lses[0],
                              max_seqlen_kv=5000, num_splits=7, workspace=ws)
-    assert plan.combine is not None and plan.combine.programmatic, "sm_90 bundle: combine launched with PDL"
+    n_counters = B * 4  # B x H_kv x one row tile (4 query heads per KV head)
+    assert not counters_tail(ws, n_counters).any(), "prepare_decode zeroes the split counters"
     for q, out, lse in zip(qs, outs, lses):
         plan(q, out, lse, stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
@@ -222,6 +228,41 @@ def test_decode_back_to_back_steps(rt):
             ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
             check_close(out[b], ro, TOL[dtype], f"step {i} b={b}")
             check_close(lse[b], rl, LSE_TOL, f"step {i} LSE b={b}")
+    assert not counters_tail(ws, n_counters).any(), "every step leaves the split counters at zero"
+
+
+def test_decode_plans_sharing_one_workspace(rt):
+    """Two plans of different shapes and split counts alternate on one stream over one workspace sized
+    for the larger of each (rows and splits): one plan's partials never reach the other's counters."""
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[-1]
+    page = int(kv[len("paged"):])
+    gen = torch.Generator(device="cuda").manual_seed(33)
+    big = PagedCache([3000, 0, 17, 999, 2048], page, 2, D, dtype, "HND", gen)  # 5 x 16 rows, 5 splits
+    small = PagedCache([20000], page, 8, D, dtype, "HND", gen)                # 1 x 32 rows, 24 splits
+    qb = torch.randn(5, 1, 16, D, dtype=DT[dtype], device="cuda", generator=gen)
+    qs = torch.randn(1, 1, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
+    ws = torch.full((rt.decode_workspace_bytes(5, 1, 32, D, 24),), 0x55, dtype=torch.uint8, device="cuda")
+    ob, os_ = torch.empty_like(qb), torch.empty_like(qs)
+    lb, ls = torch.empty(5, 16, 1, device="cuda"), torch.empty(1, 32, 1, device="cuda")
+    pb = rt.prepare_decode(qb, big.k, big.v, ob, big.seqlens, big.page_table, lb, max_seqlen_kv=3000,
+                           kv_layout="HND", num_splits=5, workspace=ws)
+    ps = rt.prepare_decode(qs, small.k, small.v, os_, small.seqlens, small.page_table, ls, max_seqlen_kv=20000,
+                           kv_layout="HND", num_splits=24, workspace=ws)
+    results = []
+    for step in range(3):
+        for plan, q, cache in ((pb, qb, big), (ps, qs, small)):
+            o = torch.full_like(q, math.nan)
+            lse = torch.full((q.shape[0], q.shape[2], 1), math.nan, device="cuda")
+            plan(q, o, lse, stream=torch.cuda.current_stream())
+            results.append((q, o, lse, cache, step))
+    torch.cuda.synchronize()
+    for q, o, lse, cache, step in results:
+        for b in range(q.shape[0]):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(o[b], ro, TOL[dtype], f"shared workspace step {step} B={q.shape[0]} b={b}")
+            check_close(lse[b], rl, LSE_TOL, f"shared workspace step {step} LSE B={q.shape[0]} b={b}")
 
 
 def test_decode_bad_arguments(rt):
