@@ -94,7 +94,7 @@ _WARPS = 4
 _ROWS = 16        # rows of the CTA tile: one m16 MMA tile
 _ACC_PAD = 8      # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
 MERGE_VEC = 4     # split merge: fp32 columns per thread (one 16-byte load of a partial row)
-MERGE_UNROLL = 8  # split merge: partial rows in flight per thread
+MERGE_UNROLL = 16  # split merge: partial rows in flight per thread
 
 # keys per warp per block (KW) and ring slots per head dim, by smem class of the arch:
 #   big   sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs per SM
@@ -172,7 +172,6 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     OUT_CHUNKS = _ROWS * D // VEC // _THREADS  # 8-column output chunks per thread
     MERGE_TPR = D // MERGE_VEC              # split merge: threads per row
     MERGE_ROWS = _THREADS // MERGE_TPR      # rows merged at a time (D 256: 2 rows of 64 threads)
-    MERGE_SUB = min(MERGE_TPR, 32)          # lanes sharing pass 1 (within a warp: shuffles)
     assert SLOTS >= 2 and KW % 16 == 0 and D % ATOM_COLS == 0 and BN % 16 == 0
     assert (_ROWS * D // VEC) % _THREADS == 0
     if PAGED:
@@ -484,11 +483,11 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     def merge_splits(ctx, tid):
         """The last split's CTA: O = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s), over the
         CTA's real rows; MERGE_TPR threads (MERGE_VEC fp32 columns each) per row, MERGE_ROWS rows at a
-        time. Pass 1 spreads the splits' lse over MERGE_SUB lanes (shuffles); pass 2 loads
-        MERGE_UNROLL O_s per thread at once (the partials were just written: L2 hits)."""
+        time, each thread one pass over the splits with MERGE_UNROLL 16-byte partial loads in flight
+        (the partials were just written: L2 hits). Every partial is finite (an empty split stores
+        O = 0, LSE = -inf), so a zero weight never meets a NaN."""
         slice_idx = tid // MERGE_TPR
         lane = tid - slice_idx * MERGE_TPR
-        sub_lane = lane % MERGE_SUB
         n_real = cutlass.min(ctx.n_rows - ctx.row_tile * _ROWS, Int32(_ROWS))
         splits = ctx.num_splits
         lse_partial = ctx.lse_partial
@@ -506,39 +505,38 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             lp_row = Int64(ctx.bidx) * ctx.lp_stride_b + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s
             op_row = (Int64(ctx.bidx) * ctx.op_stride_b + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h
                       + Int64(lane * MERGE_VEC))
-            # pass 1 (every lane takes part in the shuffles; rows past n_real read nothing)
+            # one pass over the splits, MERGE_UNROLL at a time with a running max (online softmax):
+            # acc = sum_s exp(lse_s - m) O_s, total = sum_s exp(lse_s - m), rescaled when m grows.
+            # No load sits behind a guard: an index past the last split is clamped to it and its
+            # weight multiplied by 0 (not chosen by a conditional, which LLVM turns into a branch and
+            # sinks the load into), so a group's loads are all in flight before any is used.
             my_splits = splits if valid else Int32(0)
-            m = Float32(NEG_INF)
-            for sp in range(sub_lane, my_splits, MERGE_SUB):
-                m = cute.arch.fmax(m, lse_partial[lp_row + Int64(sp) * lp_split])
-            for k in cutlass.range_constexpr(MERGE_SUB.bit_length() - 1):
-                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(
-                    m, offset=MERGE_SUB >> (k + 1), mask=-1, mask_and_clamp=31))
-            m_s = Float32(0.0) if m == Float32(NEG_INF) else m  # no live split: every weight is 0
-            total = Float32(0.0)
-            for sp in range(sub_lane, my_splits, MERGE_SUB):
-                total = total + cute.math.exp2((lse_partial[lp_row + Int64(sp) * lp_split] - m_s) * Float32(LOG2_E),
-                                               fastmath=True)
-            for k in cutlass.range_constexpr(MERGE_SUB.bit_length() - 1):
-                total = total + cute.arch.shuffle_sync_bfly(
-                    total, offset=MERGE_SUB >> (k + 1), mask=-1, mask_and_clamp=31)
-            # pass 2: MERGE_UNROLL splits per group, their O_s loads issued together
+            last = my_splits - 1
+            lv = cute.make_rmem_tensor((MERGE_UNROLL,), Float32)
+            ov = cute.make_rmem_tensor((MERGE_VEC, MERGE_UNROLL), Float32)
             acc = cute.make_rmem_tensor((MERGE_VEC,), Float32)
             acc.fill(0.0)
-            wv = cute.make_rmem_tensor((MERGE_UNROLL,), Float32)
-            ov = cute.make_rmem_tensor((MERGE_VEC, MERGE_UNROLL), Float32)
+            m = Float32(NEG_INF)
+            total = Float32(0.0)
             for s0 in range(0, my_splits, MERGE_UNROLL):
                 for k in cutlass.range_constexpr(MERGE_UNROLL):
-                    wv[k] = Float32(0.0)
-                    ov[None, k].fill(0.0)
-                    if s0 + k < my_splits:
-                        off = cute.assume(op_row + Int64(s0 + k) * op_split, divby=MERGE_VEC)
-                        cute.autovec_copy(cute.make_tensor(o_partial + off, cute.make_layout(MERGE_VEC)),
-                                          ov[None, k])
-                        wv[k] = cute.math.exp2((lse_partial[lp_row + Int64(s0 + k) * lp_split] - m_s)
-                                               * Float32(LOG2_E), fastmath=True)
+                    sp = cutlass.min(s0 + k, last)
+                    lv[k] = lse_partial[lp_row + Int64(sp) * lp_split]
+                    off = cute.assume(op_row + Int64(sp) * op_split, divby=MERGE_VEC)
+                    cute.autovec_copy(cute.make_tensor(o_partial + off, cute.make_layout(MERGE_VEC)), ov[None, k])
+                m_new = m
                 for k in cutlass.range_constexpr(MERGE_UNROLL):
-                    acc.store(acc.load() + ov[None, k].load() * wv[k])
+                    m_new = cute.arch.fmax(m_new, lv[k])  # repeats of the last split change no max
+                m_s = Float32(0.0) if m_new == Float32(NEG_INF) else m_new  # no live split yet: weights 0
+                rescale = cute.math.exp2((m - m_s) * Float32(LOG2_E), fastmath=True)  # m = -inf: 0
+                acc.store(acc.load() * rescale)
+                total = total * rescale
+                for k in cutlass.range_constexpr(MERGE_UNROLL):
+                    w = cute.math.exp2((lv[k] - m_s) * Float32(LOG2_E), fastmath=True) * Float32(s0 + k <= last)
+                    acc.store(acc.load() + ov[None, k].load() * w)
+                    total = total + w
+                m = m_new
+            m_s = Float32(0.0) if m == Float32(NEG_INF) else m
             if valid:
                 inv = Float32(0.0)
                 lse_v = Float32(NEG_INF)  # no visible key in any split: O = 0, LSE = -inf
