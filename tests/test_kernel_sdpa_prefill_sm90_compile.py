@@ -10,7 +10,7 @@ pytest.importorskip("cutlass")
 from aotc import cubin as cubin_mod  # noqa: E402
 from aotc.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import PARAMS, THREADS, TILES  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, TILES, threads  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.variant import Variant  # noqa: E402
 
@@ -32,8 +32,9 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal):
     # three 128-byte TMA descriptors first, then the pointer ABI, exactly PARAMS' C layout
     assert KernelABI(symbol, PARAMS).check_layout(k.params) is None
     assert [size for _, size in k.params[:3]] == [128, 128, 128]
-    assert f".reqntid {THREADS}, 1, 1" in ptx
-    # no spills at the 240-register consumer budget; shared memory fits one CTA per SM
+    bm, bn, _, _ = TILES[head_dim]
+    assert f".reqntid {threads(head_dim)}, 1, 1" in ptx and threads(head_dim) == 128 * (1 + bm // 64)
+    # no spills at the consumer register budget; shared memory fits one CTA per SM
     assert facts["frame_bytes"] == 0
     assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim)
     assert facts["dynamic_smem"] + k.static_smem <= SMEM_LIMIT
@@ -42,13 +43,14 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal):
     rank = 3 if layout == "ragged" else 4
     assert re.search(rf"cp\.async\.bulk\.tensor\.{rank}d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)
     assert "wgmma.mma_async.sync.aligned.m64n" in ptx
-    bm, bn, _, _ = TILES[head_dim]
     t = {"bf16": "bf16", "fp16": "f16"}[dtype]
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k16\.f32\.{t}\.{t}", ptx)  # S = Q K^T
     # O += P V: A (P) is a register list, not a shared-memory descriptor
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, \{{", ptx)
-    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    producer, consumer = REGISTERS[bm // 64]
+    assert 128 * producer + (threads(head_dim) - 128) * consumer <= 65536  # within the register file
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "mbarrier.arrive.expect_tx" in ptx
 
 
@@ -57,7 +59,7 @@ def test_family_records_the_tma_recipe():
     for layout, rank in (("dense", 4), ("ragged", 3)):
         v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=False)
         facts = fam.launch(v)
-        assert facts.block == (THREADS, 1, 1)
+        assert facts.block == (threads(128), 1, 1) == (384, 1, 1)
         tma = facts.extra["tma"]
         assert tma["rank"] == rank and tma["swizzle_bytes"] == 128 and tma["box_cols"] == 64
         assert tma["box_rows"] == {"q": 64, "k": TILES[128][1], "v": TILES[128][1]}

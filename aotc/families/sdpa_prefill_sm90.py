@@ -28,14 +28,28 @@ from ..variant import Variant
 from . import Family, register
 from .sdpa_prefill import ATTENTION_FIELDS
 
-# head dim -> (block_m, block_n, kv stages, ping-pong): per CTA, two consumer warpgroups of 64
-# query rows each and one producer warpgroup (3 x 128 threads). Chosen by measurement on the H200
+# head dim -> (block_m, block_n, kv stages, ping-pong): per CTA, block_m / 64 consumer warpgroups of
+# 64 query rows each (2 or 3) and one producer warpgroup. Chosen by measurement on the H200
 # (benchmarks/tune_prefill_sm90.py): block_n 176 for D128 spills at the 240-register budget; D64 runs
 # best at 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and D256, not D128.
-TILES = {64: (128, 128, 2, True), 128: (128, 128, 2, False), 256: (128, 80, 2, True)}
-THREADS = 384
+# D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and with
+# two, ncu found the schedulers without an eligible warp 56% of the time.
+TILES = {64: (192, 128, 2, True), 128: (128, 128, 2, False), 256: (128, 80, 2, True)}
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
 Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
+WARPGROUP = 128
+# registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
+# within the 64K registers of the SM (one CTA per SM)
+REGISTERS = {2: (24, 240), 3: (32, 160)}
+
+
+def consumer_warpgroups(head_dim: int) -> int:
+    return TILES[head_dim][0] // Q_BOX_ROWS
+
+
+def threads(head_dim: int) -> int:
+    """Threads per CTA: the producer warpgroup and the consumer warpgroups."""
+    return WARPGROUP * (1 + consumer_warpgroups(head_dim))
 
 PARAMS: tuple[Param, ...] = (
     Param("tma_q", "tensormap"), Param("tma_k", "tensormap"), Param("tma_v", "tensormap"),
@@ -70,7 +84,7 @@ def tma_recipe(variant: Variant) -> dict:
 def _launch(variant: Variant) -> LaunchFacts:
     bm, bn, stages, pingpong = TILES[variant["head_dim"]]
     return LaunchFacts(
-        block=(THREADS, 1, 1),
+        block=(threads(variant["head_dim"]), 1, 1),
         dynamic_smem=-1,  # filled in by the compiler from the kernel's shared storage
         grid_rule="persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1)",
         extra={"block_m": bm, "block_n": bn, "stages": stages, "pingpong": pingpong, "persistent": True,

@@ -57,14 +57,14 @@ LSE = -inf. write_partial == 0: O in fp16/bf16 (one 16-byte store) and LSE when 
 Only rows < group*S_q are stored.
 
 Split-KV (write_partial != 0): fp32 O_partial (two 16-byte stores) and LSE_partial, then the split
-merge in the same launch (split_arrive, merge_splits): barrier; thread 0 issues a gpu-scope release
-fence and an acq_rel atomicAdd on counters[b * gridDim.y + blockIdx.y] (the barrier orders every
-thread's partial stores before the fence, which is cumulative); the CTA that draws ticket
-num_splits - 1 resets the counter to 0, fences (acquire) and, after a barrier, reads every split's
-partials of its rows: pass 1 m = max lse_s and L = sum exp(lse_s - m) with the splits spread over the
-lanes of a row (shuffles), pass 2 O = sum exp(lse_s - m) O_s / L with MERGE_UNROLL 16-byte partial
-loads in flight per thread, LSE = m + log L (m = -inf: O = 0, LSE = -inf). The other CTAs exit. The
-partials were just written, so the merge reads L2, and the step needs no second kernel.
+merge in the same launch (split_arrive, merge_splits): barrier; thread 0 takes a ticket with a
+gpu-scope acq_rel atomicAdd on counters[b * gridDim.y + blockIdx.y] (release: the barrier orders every
+thread's partial stores before it, and release is cumulative); the CTA that draws ticket
+num_splits - 1 resets the counter to 0 and, after a barrier (which passes the acquire on), reads every
+split's partials of its rows in one pass with a running max: O = sum exp(lse_s - m) O_s / L,
+L = sum exp(lse_s - m), LSE = m + log L (no live split: O = 0, LSE = -inf), MERGE_UNROLL 16-byte
+partial loads in flight per thread. The other CTAs exit. The partials were just written, so the merge
+reads L2, and the step needs no second kernel.
 
 Tiles (KW keys per warp per block, BLOCK_N = 4*KW, SLOTS) per head dim and smem class, see CONFIGS:
 2 CTAs per SM on sm_90/sm_100 (<= 113 KB each) and on sm_80 (<= 81 KB), 1 CTA on the 99 KB parts.
@@ -463,18 +463,20 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         counter; True (1.0 in smem) for the CTA drawing the last one, which resets the counter."""
         mbase = ctx.merge_ptr
         counters = ctx.counters
-        # every thread's partial stores (and its reads of the merge buffer) are done; thread 0's
-        # gpu-scope release below covers them (cumulative over the barrier)
+        # every thread's partial stores (and its reads of the merge buffer) are done. Thread 0's ticket
+        # is a gpu-scope acq_rel atomic: its release covers the whole CTA's stores (ordered before it
+        # by the barrier; release is cumulative) and its acquire, passed on by the next barrier, makes
+        # the other splits' partials visible to every thread (the same pattern as a cooperative-groups
+        # grid sync, whose relaxed atomics need explicit fences where this one carries them).
         cute.arch.barrier()
         if tid == 0:
             idx = Int64(ctx.bidx) * Int64(ctx.n_y) + Int64(ctx.yblk)
-            cute.arch.fence_acq_rel_gpu()
             ticket = cute.arch.atomic_add(counters + idx, Int32(1), sem="acq_rel", scope="gpu")
             flag = Float32(0.0)
             if ticket == ctx.num_splits - 1:
-                # every split has arrived: no one else touches the counter in this launch
+                # every split has arrived: no one else touches the counter in this launch, and the
+                # next launch (stream-ordered) sees the 0
                 counters[idx] = Int32(0)
-                cute.arch.fence_acq_rel_gpu()  # acquire the other splits' partials for the whole CTA
                 flag = Float32(1.0)
             mbase[0] = flag
         cute.arch.barrier()

@@ -11,22 +11,23 @@ over the tiles longest first, which evens out their unequal lengths. Causal with
 than gridDim.x / 2): CTA c takes the pairs of tiles (m_blocks-1-j, j) of one head, pair
 k * gridDim.x + c, j fastest: every pair costs the same, and the CTAs running together work on a
 few heads whose K/V stay in L2 (longest-first over 128 heads at S 2048 kept DRAM 77% busy;
-grouping heads instead left SMs idle 23% of the time). A CTA is 3 warpgroups (384 threads):
+grouping heads instead left SMs idle 23% of the time). A CTA is 1 + block_m / 64 warpgroups (3 or 4,
+384 or 512 threads; REGISTERS gives the split of the register file):
 
-  warpgroup 0, producer (24 registers/thread after setmaxnreg): one elected thread issues the
+  warpgroup 0, producer (24 or 32 registers/thread after setmaxnreg): one elected thread issues the
       TMA loads of each tile: K of its first kv block, then Q (one 64-row box per consumer
       warpgroup and 64-column chunk of D, once the consumers have released Q's buffer), then
       V and the other kv blocks, the last block first, into a `stages`-deep ring. full[s]
       barriers count the bytes in (expect_tx); empty[s] and Q_EMPTY collect one arrive per
       consumer warp.
-  warpgroups 1 and 2, consumers (240 registers/thread): each owns 64 query rows. Block 0:
+  warpgroups 1.., consumers (240 or 160 registers/thread): each owns 64 query rows. Block 0:
       S = Q K^T (wgmma, both operands in smem, fp32), [mask], online softmax, P to fp16/bf16 in
       registers. Block t >= 1: S(t) = Q K(t)^T and O += P(t-1) V(t-1) (wgmma with A from
       registers, V^T read MN-major from smem) are issued together; the softmax of S(t) runs
       while the PV GEMM is in flight; then O is rescaled and P(t) replaces P(t-1). Last: O +=
       P V. Q's buffer is released after the tile's last S GEMM, so the next tile's Q loads
-      during this one's last GEMM and epilogue. Optional ping-pong named barriers make the two
-      warpgroups take turns issuing GEMMs (TILES says per head dim).
+      during this one's last GEMM and epilogue. Optional ping-pong named barriers make the
+      warpgroups take turns issuing GEMMs, round robin (TILES says per head dim).
 
 The ring's stage and phase follow from a running count of kv blocks that producer and
 consumers advance alike (ring()), so no pipeline state is exchanged.
@@ -52,17 +53,14 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, THREADS, TILES, TMA_BOX_COLS
+from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, REGISTERS, TILES, TMA_BOX_COLS, threads
 from ._attention import (DTYPES, LOG2_E, NEG_INF, VEC, kv_block_range, make_s2g, normalize_rows, seq_bounds,
                          softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
 _WG = 128  # threads per warpgroup
-_CONSUMER_WARPS = 8
 _PAIRS_MIN_TILES_PER_HEAD = 2  # causal: pair tiles when a round would hold fewer tiles of each head
-_PRODUCER_REGS = 24
-_CONSUMER_REGS = 240
 
 
 _SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
@@ -135,20 +133,24 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
     D = head_dim
     chunks = D // TMA_BOX_COLS
     sep_o = separate_o(head_dim)
-    n_wg_rows = bm // 2  # query rows per consumer warpgroup
-    if D % TMA_BOX_COLS or bm != 2 * Q_BOX_ROWS or bn % 16:
+    n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
+    n_wg = bm // n_wg_rows  # consumer warpgroups
+    if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
         raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
+    n_threads = threads(head_dim)
+    consumer_warps = 4 * n_wg
+    producer_regs, consumer_regs = REGISTERS[n_wg]
     elem_bytes = dtype.width // 8
-    q_tx = n_wg_rows * D * elem_bytes * 2  # both warpgroups' Q slabs, on one barrier
+    q_tx = n_wg_rows * D * elem_bytes * n_wg  # every warpgroup's Q slab, on one barrier
     kv_tx = bn * D * elem_bytes
 
     @cute.struct
     class SharedStorage:
         bars: cute.struct.Align[cute.struct.MemRange[Int64, _BARRIER_BYTES // 8], 1024]
-        sQ: cute.struct.Align[cute.struct.MemRange[dtype, 2 * n_wg_rows * D], 1024]
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, bm * D], 1024]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
-        sO: cute.struct.Align[cute.struct.MemRange[dtype, 2 * n_wg_rows * D if sep_o else 0], 1024]
+        sO: cute.struct.Align[cute.struct.MemRange[dtype, bm * D if sep_o else 0], 1024]
 
     smem_size = SharedStorage.size_in_bytes()
     if smem_size != smem_bytes(D):
@@ -251,7 +253,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             load_kv(tma_k, sK, k_full, k_empty, g0, n_max - 1, kv_row0, kv_head, bidx, bars)
         cute.arch.mbarrier_wait(bars + Q_EMPTY, (q_count & 1) ^ 1)
         cute.arch.mbarrier_arrive_and_expect_tx(bars + Q_FULL, q_tx)
-        for w in cutlass.range_constexpr(2):
+        for w in cutlass.range_constexpr(n_wg):
             for c in cutlass.range_constexpr(chunks):
                 prims.cp_async_bulk_tensor_shared_cta_global(
                     sQ + (w * n_wg_rows * D + c * n_wg_rows * TMA_BOX_COLS), tma_q.get_ptr(),
@@ -264,17 +266,18 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             load_kv(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, kv_row0, kv_head, bidx, bars)
 
     # ---- consumer warpgroups -------------------------------------------------------------
-    # Named barriers: 1 and 2 are the consumer warpgroups' epilogue barriers, 3 and 4 their
-    # "may issue GEMMs" barriers (ping-pong: a warpgroup issues its GEMMs, then lets the other
-    # one issue, so one's softmax runs while the other's GEMMs occupy the tensor cores).
+    # Named barriers: 1 .. n_wg are the consumer warpgroups' epilogue barriers, SCHED + w the "may
+    # issue GEMMs" barrier of warpgroup w (ping-pong: the warpgroups take turns issuing their GEMMs,
+    # in order 0, 1[, 2], 0, ..., so one's softmax runs while another's GEMMs occupy the tensor cores).
+    SCHED = 1 + n_wg
 
     def sched_sync(ctx):
         if pingpong:  # a Python bool: decided while tracing
-            cute.arch.barrier(barrier_id=3 + ctx.wg_index, number_of_threads=2 * _WG)
+            cute.arch.barrier(barrier_id=SCHED + ctx.wg_index, number_of_threads=2 * _WG)
 
     def sched_arrive(ctx):
-        if pingpong:
-            cute.arch.barrier_arrive(barrier_id=4 - ctx.wg_index, number_of_threads=2 * _WG)
+        if pingpong:  # let the next warpgroup issue
+            cute.arch.barrier_arrive(barrier_id=SCHED + ctx.wg_next, number_of_threads=2 * _WG)
 
     def issue_qk(ctx, s):
         """S = Q K[stage s]^T, issued (one wgmma group), not waited for."""
@@ -456,12 +459,12 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         if warp_idx == 0:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(bars + Q_FULL, 1)
-                cute.arch.mbarrier_init(bars + Q_EMPTY, _CONSUMER_WARPS)
+                cute.arch.mbarrier_init(bars + Q_EMPTY, consumer_warps)
                 for s in cutlass.range_constexpr(stages):
                     cute.arch.mbarrier_init(bars + k_full(s), 1)
                     cute.arch.mbarrier_init(bars + v_full(s), 1)
-                    cute.arch.mbarrier_init(bars + k_empty(s), _CONSUMER_WARPS)
-                    cute.arch.mbarrier_init(bars + v_empty(s), _CONSUMER_WARPS)
+                    cute.arch.mbarrier_init(bars + k_empty(s), consumer_warps)
+                    cute.arch.mbarrier_init(bars + v_empty(s), consumer_warps)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -481,7 +484,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         group = heads_q // heads_kv
 
         if wg == 0:
-            cute.arch.setmaxregister_decrease(_PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(producer_regs)
             if warp_idx == 0:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
@@ -498,7 +501,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                             g0 = g0 + n_max
                             q_count = q_count + 1
         else:
-            cute.arch.setmaxregister_increase(_CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(consumer_regs)
             wg_index = wg - 1
             wg_tid = tidx % _WG
             mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -508,7 +511,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
                 dtype, dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(n_wg_rows, D), a_source=warpgroup.OperandSource.RMEM)
             # the swizzle goes into the pointer (wgmma wants affine layouts)
-            lq = _smem_layout(dtype, n_wg_rows, D, 2)  # (64, D, warpgroup)
+            lq = _smem_layout(dtype, n_wg_rows, D, n_wg)  # (64, D, warpgroup)
             lkv = _smem_layout(dtype, bn, D, stages)   # (bn, D, stage)
             sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner)
             sK = storage.sK.get_tensor(lkv.outer, swizzle=lkv.inner)
@@ -522,6 +525,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             ctx.lane = tidx % 32
             ctx.wg_tid = wg_tid
             ctx.wg_index = wg_index
+            ctx.wg_next = (wg_index + 1) % n_wg
             ctx.mma_qk = mma_qk
             ctx.mma_pv = mma_pv
             ctx.thr_qk = thr_qk
@@ -553,7 +557,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
 
             if cutlass.const_expr(pingpong):
                 if wg_index == 0:  # the first consumer warpgroup issues first
-                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=2 * _WG)
+                    cute.arch.barrier_arrive(barrier_id=SCHED, number_of_threads=2 * _WG)
             g0 = Int32(0)
             q_count = Int32(0)
             for i in cutlass.range(rounds, unroll=1):
@@ -621,7 +625,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s,
         ).launch(
             grid=[132, 1, 1],
-            block=[THREADS, 1, 1],
+            block=[n_threads, 1, 1],
             smem=smem_size,
         )
 
@@ -657,8 +661,8 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
     """Compile one sdpa_prefill_sm90 variant: (cubin bytes, kernel symbol, {"dynamic_smem": bytes}).
 
-    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block (384, 1, 1),
-    grid (min(tiles, SMs), 1, 1) with tiles = ceil(max_seqlen_q / 128) * heads_q * batch (the kernel is
+    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block (threads(D), 1, 1),
+    grid (min(tiles, SMs), 1, 1) with tiles = ceil(max_seqlen_q / block_m) * heads_q * batch (the kernel is
     persistent), dynamic_smem bytes of dynamic shared memory.
     """
     _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
