@@ -6,7 +6,8 @@ bf16, D 128, H_q/H_kv = 32/8, S_q = 1, pages of 16 and 64 tokens (NHD, shuffled 
 Each implementation runs as a CUDA graph of 10 calls (so host launch cost does not hide the GPU
 time), median of 20 replays after an L2 flush. Effective KV bandwidth = bytes of K and V of the
 logical problem (2 * B * S_kv * H_kv * D * 2) / time; torch reads dense [B, H_kv, S_kv, D] with
-enable_gqa=True. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
+enable_gqa=True, and so does aotc's dense-KV variant in the "aotc dense" column (page 16 rows only):
+the paged figure against it is the cost of the page gather. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
 bare cuLaunchKernel of the decode cubin, 10,000 calls each.
 """
 from __future__ import annotations
@@ -128,6 +129,16 @@ def main() -> None:
             kd = k[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
             vd = v[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
             del k, v
+            if page == 16 and "aotc_error" not in row:
+                # aotc's dense-KV variant on cuDNN's very tensors: what the paged gather costs
+                try:
+                    dense = rt.prepare_decode(q, kd.transpose(1, 2), vd.transpose(1, 2), out, sl, None,
+                                              max_seqlen_kv=S, workspace=ws)
+                    us = graph_time(lambda: dense.run(q.data_ptr(), out.data_ptr(), 0, 0, 0,
+                                                      torch.cuda.current_stream().cuda_stream), flush_buf.zero_)
+                    row.update(aotc_dense_us=us, aotc_dense_TBps=kv_bytes / us / 1e6)
+                except Exception as e:
+                    row["aotc_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                 try:
                     def call():

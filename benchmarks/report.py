@@ -144,19 +144,36 @@ def breakdown_lines(bd: dict) -> list[str]:
     return lines + [""]
 
 
-def markdown(rtj, pre, build, cold, dec=None, breakdown=None) -> str:
+def power_lines(probe: dict) -> list[str]:
+    """fp16 against bf16 prefill: clock and power while each runs (benchmarks/fp16_power_probe.py)."""
+    sh = probe["shape"]
+    lines = [f"### fp16 against bf16 prefill: SM clock and board power ({probe['gpu']}, {probe['date']}, "
+             f"commit {probe['git_commit'][:12]}, `{probe['command']}`)", "",
+             f"D {sh['D']}, B {sh['B']} x S {sh['S']}, H {sh['H']}, non-causal, random normal inputs; each row "
+             "launches back to back for a few seconds while nvidia-smi samples (medians).", "",
+             "| contender | dtype | TFLOP/s | SM clock MHz | power W | temperature C |", "|---|---|---|---|---|---|"]
+    for r in probe["rows"]:
+        lines.append(f"| {r['contender']} | {r['dtype']} | {r['tflops']:.1f} | {r['sm_clock_mhz']:.0f} | "
+                     f"{r['power_w']:.0f} | {r['temp_c']:.0f} |")
+    return lines + [""]
+
+
+def markdown(rtj, pre, build, cold, dec=None, breakdown=None, probe=None) -> str:
     lines = ["# Benchmark results", ""]
     if dec:
         lines += [f"## Decode over a paged KV cache ({dec['gpu']}, {dec['date']}, commit {dec['git_commit'][:12]}, "
                   f"`{dec['command']}`)", "",
                   "bf16, D 128, H_q/H_kv 32/8, S_q 1; effective bandwidth = bytes of K and V / time (CUDA graph of 10 "
-                  "calls, L2 flushed); torch SDPA on dense KV of the same logical shape (enable_gqa).", "",
-                  "| page | B | S_kv | splits | aotc TB/s | cuDNN TB/s | flash TB/s | x cuDNN | x flash | max abs err vs fp32 |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "calls, L2 flushed); torch SDPA on dense KV of the same logical shape (enable_gqa); aotc dense-KV: "
+                  "aotc's dense variant on those same tensors (the paged figure against it is the page gather's cost).", "",
+                  "| page | B | S_kv | splits | aotc TB/s | aotc dense-KV TB/s | cuDNN TB/s | flash TB/s | x cuDNN | x flash "
+                  "| max abs err vs fp32 |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in dec["rows"]:
             f = lambda k, d=2: f"{r[k]:.{d}f}" if k in r else "n/a"  # noqa: E731
             err = f"{r['max_abs_err_vs_fp32']:.1e}" if "max_abs_err_vs_fp32" in r else "-"
-            lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r.get('splits', '')} | {f('aotc_TBps')} | "
+            dense = f('aotc_dense_TBps') if 'aotc_dense_TBps' in r else "-"
+            lines.append(f"| {r['page']} | {r['B']} | {r['S_kv']} | {r.get('splits', '')} | {f('aotc_TBps')} | {dense} | "
                          f"{f('cudnn_TBps')} | {f('flash_TBps')} | {f('x_cudnn')} | {f('x_flash')} | {err} |")
         step_splits = next((r.get("splits") for r in dec["rows"] if r["page"] == 16 and r["B"] == 1), "?")
         lines += ["", f"Host enqueue of one prepared decode step (one launch, {step_splits} splits; B 1, page 16), "
@@ -167,6 +184,8 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None) -> str:
         lines.append("")
     if breakdown:
         lines += breakdown_lines(breakdown)
+    if probe:
+        lines += power_lines(probe)
     if cold:
         import statistics
 
@@ -242,6 +261,7 @@ def main() -> None:
     rtj, pre, build = load(res / "runtime.json"), load(res / "prefill.json"), load(res / "build.json")
     dec = load(res / "decode.json")
     breakdown = load(res / "decode_breakdown.json")
+    probe = load(res / "fp16_power_probe.json")
     cold_path = res / "cold_start.jsonl"
     cold = [json.loads(x) for x in cold_path.read_text().splitlines() if x.strip()] if cold_path.exists() else []
     made = []
@@ -252,7 +272,7 @@ def main() -> None:
         made.append(plot_combine(rtj, res))
     if dec:
         made.append(plot_decode(dec, res))
-    md = markdown(rtj, pre, build, cold, dec, breakdown) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
+    md = markdown(rtj, pre, build, cold, dec, breakdown, probe) + "\n" + "\n".join(f"![{m}]({m})" for m in made) + "\n"
     (res / "README.md").write_text(md)
     print(md)
 

@@ -1,0 +1,110 @@
+"""Why fp16 prefill runs slower than bf16: SM clock and board power while each runs, aotc beside cuDNN.
+
+    python benchmarks/fp16_power_probe.py --bundle artifacts/default.aotc --out benchmarks/results
+
+D128, non-causal, B 1 x S 16384, H 16, random normal inputs (as bench_prefill). Each contender
+(aotc's dispatched kernel and torch SDPA's cuDNN backend, in bf16 and fp16) launches back to back for
+--seconds while `nvidia-smi -lms 50` samples the SM clock, power draw and temperature; TFLOP/s comes
+from CUDA events over the same window. Order: bf16, fp16, fp16, bf16 per contender (drift shows).
+Writes fp16_power_probe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def sampled_run(fn, seconds: float) -> dict:
+    """Launch fn back to back for `seconds` while nvidia-smi samples: time per call, median clock/power."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
+                            "--format=csv,noheader,nounits", "-lms", "50", "-i", "0"],
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # let the sampler start
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls = 0
+    e0.record()
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        for _ in range(8):
+            fn()
+        calls += 8
+        torch.cuda.current_stream().synchronize()  # keep the queue short: the window is the GPU's
+    e1.record()
+    e1.synchronize()
+    smi.terminate()
+    out, _ = smi.communicate()
+    samples = []
+    for line in out.strip().splitlines():
+        try:
+            samples.append(tuple(float(x) for x in line.split(",")))
+        except ValueError:
+            continue
+    return {"ms_per_call": e0.elapsed_time(e1) / calls, "calls": calls, "samples": len(samples),
+            "sm_clock_mhz": statistics.median(s[0] for s in samples) if samples else None,
+            "power_w": statistics.median(s[1] for s in samples) if samples else None,
+            "temp_c": statistics.median(s[2] for s in samples) if samples else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--seconds", type=float, default=3.0)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import aotc.runtime
+    from benchmarks.bench_runtime import git_commit
+
+    rt = aotc.runtime.load(args.bundle)
+    B, S, H, D = 1, 16384, 16, 128
+    flops = 4 * B * H * S * S * D
+    rows = []
+    for contender in ("aotc", "cudnn"):
+        for dtype_name in ("bf16", "fp16", "fp16", "bf16"):
+            dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(B, S, H, D, dtype=dt, device="cuda", generator=gen) for _ in range(3))
+            out = torch.empty_like(q)
+            if contender == "aotc":
+                plan = rt.prepare_prefill(q, k, v, out, causal=False)
+                ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+
+                def fn():
+                    plan.run(*ptrs, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+            else:
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+                def fn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(qt, kt, vt)
+            row = {"contender": contender, "dtype": dtype_name, **sampled_run(fn, args.seconds)}
+            row["tflops"] = flops / row["ms_per_call"] / 1e9
+            rows.append(row)
+            print(json.dumps({k_: round(v_, 2) if isinstance(v_, float) else v_ for k_, v_ in row.items()}), flush=True)
+            del q, k, v, out
+            torch.cuda.empty_cache()
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              "git_commit": git_commit(), "command": "python benchmarks/fp16_power_probe.py " + " ".join(sys.argv[1:]),
+              "shape": {"B": B, "S": S, "H": H, "D": D, "causal": False}, "rows": rows}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "fp16_power_probe.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

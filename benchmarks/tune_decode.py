@@ -1,0 +1,65 @@
+"""Tile tuning for sdpa_decode (build side; no GPU needed): one bundle per (keys per warp, ring slots).
+
+    python benchmarks/tune_decode.py --out /tmp/tune_decode
+    python benchmarks/bench_decode.py --bundle /tmp/tune_decode/<config>.aotc --out /tmp/res_<config>   # GPU
+
+Each configuration overrides the kernel's tile table for D128 on the big-smem class (sm_90) and
+compiles the bf16 D128 variants bench_decode uses (paged16, paged64, dense) straight through
+compile_variant, with keys of its own (the cache's would not see the override), into a bundle.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = {  # name: (keys per warp KW, ring slots) for D128 on sm_90; BLOCK_N = 4 * KW
+    "kw16_s6": (16, 6),   # the shipped configuration
+    "kw32_s3": (32, 3),
+    "kw16_s5": (16, 5),
+    "kw16_s4": (16, 4),   # 68 KB of smem: 3 CTAs per SM
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/tune_decode")
+    ap.add_argument("configs", nargs="*", default=list(CONFIGS))
+    args = ap.parse_args()
+    from aotc import cubin
+    from aotc.bundle import write_bundle
+    from aotc.compile import compile_variant
+    from aotc.kernels import sdpa_decode as kernel
+    from aotc.variant import Variant
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = {"kw": kernel.CONFIGS[128]["kw"], "slots": dict(kernel.CONFIGS[128]["slots"])}
+    for name in args.configs:
+        kw, slots = CONFIGS[name]
+        kernel.CONFIGS[128]["kw"] = kw
+        kernel.CONFIGS[128]["slots"]["big"] = slots
+        try:
+            arts = []
+            for kv in ("paged16", "paged64", "dense"):
+                v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv)
+                art = compile_variant(v, key=hashlib.sha256(f"tune-decode-{name}-{kv}".encode()).hexdigest(),
+                                      check_sources=False)
+                k = next(iter(cubin.parse(art.cubin).kernels.values()))
+                print(f"{name} {kv}: {k.registers} regs, frame {k.frame_bytes} B, smem {art.launch.dynamic_smem}",
+                      flush=True)
+                arts.append(art)
+            write_bundle(out / f"{name}.aotc", arts)
+        except Exception as e:  # a configuration that does not compile is reported, the rest go on
+            print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
+        finally:
+            kernel.CONFIGS[128]["kw"] = saved["kw"]
+            kernel.CONFIGS[128]["slots"].update(saved["slots"])
+
+
+if __name__ == "__main__":
+    main()
