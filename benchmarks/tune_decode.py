@@ -10,7 +10,6 @@ compile_variant, with keys of its own (the cache's would not see the override), 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -30,35 +29,23 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/tune_decode")
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
-    from aotc import cubin
-    from aotc.bundle import write_bundle
-    from aotc.compile import compile_variant
     from aotc.kernels import sdpa_decode as kernel
     from aotc.variant import Variant
+    from benchmarks.tuning import write_tuning_bundle
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    saved = {"kw": kernel.CONFIGS[128]["kw"], "slots": dict(kernel.CONFIGS[128]["slots"])}
+    cfg = kernel.CONFIGS[128]
+    saved = (cfg["kw"], cfg["slots"]["big"])
     for name in args.configs:
-        kw, slots = CONFIGS[name]
-        kernel.CONFIGS[128]["kw"] = kw
-        kernel.CONFIGS[128]["slots"]["big"] = slots
+        cfg["kw"], cfg["slots"]["big"] = CONFIGS[name]
         try:
-            arts = []
-            for kv in ("paged16", "paged64", "dense"):
-                v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv)
-                art = compile_variant(v, key=hashlib.sha256(f"tune-decode-{name}-{kv}".encode()).hexdigest(),
-                                      check_sources=False)
-                k = next(iter(cubin.parse(art.cubin).kernels.values()))
-                print(f"{name} {kv}: {k.registers} regs, frame {k.frame_bytes} B, smem {art.launch.dynamic_smem}",
-                      flush=True)
-                arts.append(art)
-            write_bundle(out / f"{name}.aotc", arts)
+            write_tuning_bundle(name, [Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv)
+                                       for kv in ("paged16", "paged64", "dense")], out / f"{name}.aotc")
         except Exception as e:  # a configuration that does not compile is reported, the rest go on
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
         finally:
-            kernel.CONFIGS[128]["kw"] = saved["kw"]
-            kernel.CONFIGS[128]["slots"].update(saved["slots"])
+            cfg["kw"], cfg["slots"]["big"] = saved
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ the bf16 dense variants of one head dim (causal and not) straight through compil
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -46,11 +45,9 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/tune")
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
-    from aotc import cubin
-    from aotc.bundle import write_bundle
-    from aotc.compile import compile_variant
     from aotc.families import sdpa_prefill_sm90 as fam
     from aotc.variant import Variant
+    from benchmarks.tuning import write_tuning_bundle
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,17 +56,9 @@ def main() -> None:
         saved = dict(fam.TILES)
         fam.TILES[D] = tile
         try:
-            arts = []
-            for causal in (False, True):
-                v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=D, layout="dense", causal=causal)
-                # a key of its own (the cache's would not see the overrides); never put in the cache
-                art = compile_variant(v, key=hashlib.sha256(f"tune-{name}-{causal}".encode()).hexdigest(),
-                                      check_sources=False)
-                k = next(iter(cubin.parse(art.cubin).kernels.values()))
-                print(f"{name} causal={causal}: {k.registers} regs, frame {k.frame_bytes} B, smem {art.launch.dynamic_smem}",
-                      flush=True)
-                arts.append(art)
-            write_bundle(out / f"{name}.aotc", arts)
+            write_tuning_bundle(name, [Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=D,
+                                                    layout="dense", causal=causal) for causal in (False, True)],
+                                out / f"{name}.aotc")
         except Exception as e:  # a configuration that does not compile is reported, the rest go on
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
         finally:
