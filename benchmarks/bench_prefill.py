@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     ap.add_argument("--baseline-bundle", help="a second bundle (e.g. built from the previous commit): its dispatched "
                                               "kernel runs as contender 'base' in the same rounds (A/B of a kernel change)")
+    ap.add_argument("--baseline-family", default="auto", choices=("auto", "sdpa_prefill"),
+                    help="the baseline bundle's family: auto (compared with 'aotc') or sdpa_prefill (with 'portable')")
     args = ap.parse_args()
 
     import torch
@@ -104,7 +106,7 @@ def main() -> None:
                 row[f"{label}_error"] = f"{type(e).__name__}: {e}"
         if rt_base is not None:
             try:
-                base = rt_base.prepare_prefill(q, k, v, out, causal=causal)
+                base = rt_base.prepare_prefill(q, k, v, out, causal=causal, family=args.baseline_family)
                 row["base_variant"] = base.variant.name
                 contenders["base"] = (lambda p=base: p.run(*ptrs, 0, 0, 0, stream))
             except Exception as e:
@@ -133,8 +135,9 @@ def main() -> None:
                 for label in ("aotc", "portable"):
                     if f"{label}_ms" in row:
                         row[("" if label == "aotc" else "portable_") + f"x_{base}"] = row[f"{base}_ms"] / row[f"{label}_ms"]
-        if "base_ms" in row and "aotc_ms" in row:
-            row["x_base"] = row["base_ms"] / row["aotc_ms"]
+        against = "portable" if args.baseline_family == "sdpa_prefill" else "aotc"
+        if "base_ms" in row and f"{against}_ms" in row:
+            row["x_base"] = row["base_ms"] / row[f"{against}_ms"]
             if "cudnn_ms" in row:
                 row["base_x_cudnn"] = row["cudnn_ms"] / row["base_ms"]
         if "general_ms" in row and "portable_ms" in row:
