@@ -53,13 +53,14 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ..families.sdpa_prefill_sm90 import PARAMS, Q_BOX_ROWS, REGISTERS, TILES, TMA_BOX_COLS, threads
+from ..families.sdpa_prefill_sm90 import (PARAMS, Q_BOX_ROWS, REGISTERS, TILES, TMA_BOX_COLS, WARPGROUP,
+                                          consumer_warpgroups, threads)
 from ._attention import (DTYPES, LOG2_E, NEG_INF, VEC, kv_block_range, make_s2g, normalize_rows, seq_bounds,
                          softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
-_WG = 128  # threads per warpgroup
+_WG = WARPGROUP  # threads per warpgroup
 _PAIRS_MIN_TILES_PER_HEAD = 2  # causal: pair tiles when a round would hold fewer tiles of each head
 
 
@@ -134,7 +135,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
     chunks = D // TMA_BOX_COLS
     sep_o = separate_o(head_dim)
     n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
-    n_wg = bm // n_wg_rows  # consumer warpgroups
+    n_wg = consumer_warpgroups(head_dim)
     if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
         raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
     n_threads = threads(head_dim)
