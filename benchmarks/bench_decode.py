@@ -4,7 +4,9 @@
 
 bf16, D 128, H_q/H_kv = 32/8, S_q = 1, pages of 16 and 64 tokens (NHD, shuffled page ids).
 Each implementation runs as a CUDA graph of 10 calls (so host launch cost does not hide the GPU
-time), median of 20 replays after an L2 flush. Effective KV bandwidth = bytes of K and V of the
+time), median of 20 replays after an L2 flush, once the clocks have settled on it; the
+implementations take turns for --rounds rounds in rotated order, median of rounds
+(benchmarks/timing.py). Effective KV bandwidth = bytes of K and V of the
 logical problem (2 * B * S_kv * H_kv * D * 2) / time; torch reads dense [B, H_kv, S_kv, D] with
 enable_gqa=True, and so does aotc's dense-KV variant in the "aotc dense" column (page 16 rows only):
 the paged figure against it is the cost of the page gather. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
@@ -23,33 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def graph_time(fn, flush, calls=10, replays=20):
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        flush()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / calls)
-    return statistics.median(times)
+from benchmarks.timing import graph_time, interleaved  # noqa: E402
 
 
 def paged_problem(rt, page, B, S, H_q, H_kv, D, max_splits):
@@ -72,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -105,56 +82,64 @@ def main() -> None:
                     ref = F.scaled_dot_product_attention(qt.float(), kd.float(), vd.float(), enable_gqa=True)
                 row["max_abs_err_vs_fp32"] = float((out.transpose(1, 2).float() - ref).abs().max())
                 del kd, vd, ref
-            try:
-                stream_fn = lambda: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0,  # noqa: E731
-                                             torch.cuda.current_stream().cuda_stream)
-                us = graph_time(stream_fn, flush_buf.zero_)
-                torch.cuda.synchronize()
-                row.update(aotc_us=us, aotc_TBps=kv_bytes / us / 1e6, splits=plan.num_splits, variant=plan.variant.name,
-                           workspace_bytes=plan.workspace_bytes)
-                if page == 16 and B == 1:  # a split step (the merge runs in the same launch)
-                    st = torch.cuda.current_stream().cuda_stream
-                    host["aotc_prepared_decode_step"] = time_calls(
-                        lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st), 10000, torch.cuda.synchronize)
-                    from cuda.bindings import driver as cu
-
-                    lau = plan.launcher
-                    kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
-                    host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
-                        lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b_[0], b_[1], b_[2], lau.smem, cs,
-                                                    lau.params.address, 0), 10000, torch.cuda.synchronize)
-            except Exception as e:
-                row["aotc_error"] = f"{type(e).__name__}: {e}"
+            # contenders: one enqueue each, timed as CUDA graphs in interleaved rounds (benchmarks/timing.py)
+            st = torch.cuda.current_stream().cuda_stream
+            contenders = {}
+            if "aotc_error" not in row:
+                # (bound through defaults: the loop's names are deleted before the next shape)
+                contenders["aotc"] = lambda p=plan, qp=q.data_ptr(), op=out.data_ptr(): p.run(
+                    qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+                row.update(splits=plan.num_splits, variant=plan.variant.name, workspace_bytes=plan.workspace_bytes)
             # torch on dense KV of the same logical shape
             kd = k[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
             vd = v[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
-            del k, v
             if page == 16 and "aotc_error" not in row:
                 # aotc's dense-KV variant on cuDNN's very tensors: what the paged gather costs
                 try:
                     dense = rt.prepare_decode(q, kd.transpose(1, 2), vd.transpose(1, 2), out, sl, None,
                                               max_seqlen_kv=S, workspace=ws)
-                    us = graph_time(lambda: dense.run(q.data_ptr(), out.data_ptr(), 0, 0, 0,
-                                                      torch.cuda.current_stream().cuda_stream), flush_buf.zero_)
-                    row.update(aotc_dense_us=us, aotc_dense_TBps=kv_bytes / us / 1e6)
+                    contenders["aotc_dense"] = lambda p=dense, qp=q.data_ptr(), op=out.data_ptr(): p.run(
+                        qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
                 except Exception as e:
                     row["aotc_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                def call(backend=backend, qt=qt, kd=kd, vd=vd):
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(qt, kd, vd, enable_gqa=True)
                 try:
-                    def call():
-                        with sdpa_kernel(backend):
-                            F.scaled_dot_product_attention(qt, kd, vd, enable_gqa=True)
-                    us = graph_time(call, flush_buf.zero_)
-                    row[f"{name}_us"], row[f"{name}_TBps"] = us, kv_bytes / us / 1e6
-                    if "aotc_us" in row:
-                        row[f"x_{name}"] = row[f"{name}_us"] / row["aotc_us"]
-                    if page == 16 and B == 1 and f"torch_sdpa_{name}" not in host:
-                        host[f"torch_sdpa_{name}"] = time_calls(lambda i: call(), 10000, torch.cuda.synchronize)
+                    call()
+                    torch.cuda.synchronize()
+                    contenders[name] = call
                 except Exception as e:
                     row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            samples = interleaved({n: (lambda fn=fn: graph_time(fn, flush_buf.zero_)) for n, fn in contenders.items()},
+                                  args.rounds)
+            for n, ts in samples.items():
+                us = statistics.median(ts)
+                row[f"{n}_us"], row[f"{n}_TBps"] = us, kv_bytes / us / 1e6
+            for n in ("cudnn", "flash"):
+                if f"{n}_us" in row and "aotc_us" in row:
+                    row[f"x_{n}"] = row[f"{n}_us"] / row["aotc_us"]
+            if page == 16 and B == 1 and "aotc" in contenders:
+                # host enqueue: a prepared split step (the merge runs in the same launch), a bare
+                # cuLaunchKernel of its cubin, and torch SDPA
+                host["aotc_prepared_decode_step"] = time_calls(
+                    lambda i, q=q, out=out: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st), 10000,
+                    torch.cuda.synchronize)
+                from cuda.bindings import driver as cu
+
+                lau = plan.launcher
+                kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
+                host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
+                    lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b_[0], b_[1], b_[2], lau.smem, cs,
+                                                lau.params.address, 0), 10000, torch.cuda.synchronize)
+                for name in ("cudnn", "flash"):
+                    if name in contenders:
+                        host[f"torch_sdpa_{name}"] = time_calls(lambda i, c=contenders[name]: c(), 10000,
+                                                                torch.cuda.synchronize)
             rows.append(row)
             print(json.dumps({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
-            del kd, vd, pt, q, out, ws
+            del k, v, kd, vd, pt, q, out, ws, contenders
             torch.cuda.empty_cache()
     floor = host.get("bare_cuLaunchKernel_decode_cubin", {}).get("median_us")
     for v_ in host.values():

@@ -6,9 +6,11 @@ Two aotc columns: "aotc" is what the runtime dispatches to (the Hopper family sd
 an H100/H200 when the bundle holds it), "portable" the mma.sync family sdpa_prefill on the same tensors.
 
 Problem: 16k tokens in all, B = 16384 / S, H = 16, packed BSHD, bf16 (and fp16 for D128).
-Time: CUDA events around `reps` back-to-back launches, median of `trials`, after warm-up;
-an L2 flush (a 256 MB memset) before each trial; the contenders take turns for `--rounds`
-rounds and each reports the median of its rounds (spread: (max - min) / median over rounds). TFLOP/s = 4*B*H*S*S*D / t, halved when causal.
+Time (benchmarks/timing.py): each contender first runs untimed for 100 ms of GPU time (the clocks
+settle on its power draw), then CUDA events around 10 back-to-back launches, median of 5 trials, an
+L2 flush (a 256 MB memset) before each trial; the contenders take turns for `--rounds` rounds, the
+order rotated every round, and each reports the median of its rounds (spread: (max - min) / median
+over rounds). TFLOP/s = 4*B*H*S*S*D / t, halved when causal.
 """
 from __future__ import annotations
 
@@ -24,24 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def bench(fn, flush, reps=10, trials=7):
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        flush()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / reps)
-    return statistics.median(times), (max(times) - min(times)) / statistics.median(times)
+from benchmarks.timing import event_time, interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -51,8 +36,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
-    ap.add_argument("--baseline-bundle", help="a second bundle (e.g. built from the previous commit): its dispatched "
-                                              "kernel runs as contender 'base' in the same rounds (A/B of a kernel change)")
+    ap.add_argument("--baseline-bundle", action="append", default=[],
+                    help="another bundle (e.g. built from the previous commit): its kernel runs as contender 'base' in "
+                         "the same rounds (A/B of a kernel change); repeat for 'base2', 'base3', ...")
     ap.add_argument("--baseline-family", default="auto", choices=("auto", "sdpa_prefill"),
                     help="the baseline bundle's family: auto (compared with 'aotc') or sdpa_prefill (with 'portable')")
     args = ap.parse_args()
@@ -64,7 +50,8 @@ def main() -> None:
     import aotc.runtime
 
     rt = aotc.runtime.load(args.bundle)
-    rt_base = aotc.runtime.load(args.baseline_bundle) if args.baseline_bundle else None
+    rt_bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
+    rt_base = next(iter(rt_bases.values()), None)
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     flush = flush_buf.zero_
     rows = []
@@ -104,13 +91,13 @@ def main() -> None:
                     contenders["general"] = (lambda p=general: p.run(*ptrs, 0, 0, 0, stream))
             except Exception as e:
                 row[f"{label}_error"] = f"{type(e).__name__}: {e}"
-        if rt_base is not None:
+        for bname, rt_b in rt_bases.items():
             try:
-                base = rt_base.prepare_prefill(q, k, v, out, causal=causal, family=args.baseline_family)
-                row["base_variant"] = base.variant.name
-                contenders["base"] = (lambda p=base: p.run(*ptrs, 0, 0, 0, stream))
+                base = rt_b.prepare_prefill(q, k, v, out, causal=causal, family=args.baseline_family)
+                row[f"{bname}_variant"] = base.variant.name
+                contenders[bname] = (lambda p=base: p.run(*ptrs, 0, 0, 0, stream))
             except Exception as e:
-                row["base_error"] = f"{type(e).__name__}: {e}"
+                row[f"{bname}_error"] = f"{type(e).__name__}: {e}"
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             def call(backend=backend):
                 with sdpa_kernel(backend):
@@ -120,12 +107,10 @@ def main() -> None:
                 contenders[name] = call
             except Exception as e:
                 row[f"{name}_error"] = f"{type(e).__name__}: {e}"
-        # interleaved rounds (each contender once per round, median of rounds): clock and thermal
-        # drift hits every contender alike instead of whichever ran last
-        samples = {name: [] for name in contenders}
-        for _ in range(args.rounds):
-            for name, fn in contenders.items():
-                samples[name].append(bench(fn, flush, trials=5)[0])
+        # interleaved rounds in rotated order, each contender settled first (benchmarks/timing.py):
+        # clock and power drift hits every contender alike instead of whichever ran last
+        samples = interleaved({name: (lambda fn=fn: event_time(fn, flush)[0]) for name, fn in contenders.items()},
+                              args.rounds)
         for name, ts in samples.items():
             ms = statistics.median(ts)
             row[f"{name}_ms"], row[f"{name}_tflops"] = ms, flops / ms / 1e9
@@ -136,10 +121,11 @@ def main() -> None:
                     if f"{label}_ms" in row:
                         row[("" if label == "aotc" else "portable_") + f"x_{base}"] = row[f"{base}_ms"] / row[f"{label}_ms"]
         against = "portable" if args.baseline_family == "sdpa_prefill" else "aotc"
-        if "base_ms" in row and f"{against}_ms" in row:
-            row["x_base"] = row["base_ms"] / row[f"{against}_ms"]
-            if "cudnn_ms" in row:
-                row["base_x_cudnn"] = row["cudnn_ms"] / row["base_ms"]
+        for bname in rt_bases:
+            if f"{bname}_ms" in row and f"{against}_ms" in row:
+                row[f"x_{bname}"] = row[f"{bname}_ms"] / row[f"{against}_ms"]
+                if "cudnn_ms" in row:
+                    row[f"{bname}_x_cudnn"] = row["cudnn_ms"] / row[f"{bname}_ms"]
         if "general_ms" in row and "portable_ms" in row:
             row["packed_speedup"] = row["general_ms"] / row["portable_ms"]
         rows.append(row)

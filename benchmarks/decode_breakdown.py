@@ -3,7 +3,7 @@
     python benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out benchmarks/results
 
 bf16, D 128, H_q/H_kv = 32/8, S_q = 1, NHD pages (shuffled ids). Per shape, each as a CUDA graph of 10
-calls after an L2 flush (bench_decode.graph_time), in interleaved rounds (median of rounds):
+calls after an L2 flush (benchmarks/timing.py: clocks settled first), in interleaved rounds, rotated (median of rounds):
   step       the prepared step: one sdpa_decode launch (with splits, the last split of each
              (sequence, KV head) merges the partials in the same launch)
   cudnn      torch SDPA (cuDNN backend) on dense KV of the same logical shape
@@ -35,7 +35,8 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_decode import graph_time, paged_problem
+    from benchmarks.bench_decode import paged_problem
+    from benchmarks.timing import graph_time, interleaved
     from benchmarks.bench_runtime import git_commit, time_calls
 
     rt = aotc.runtime.load(args.bundle)
@@ -66,10 +67,7 @@ def main() -> None:
             with sdpa_kernel(SDPBackend.MATH):
                 ref = F.scaled_dot_product_attention(qt.float(), kd.float(), vd.float(), enable_gqa=True)
             row["max_abs_err_vs_fp32"] = float((out.transpose(1, 2).float() - ref).abs().max())
-        samples = {n: [] for n in contenders}
-        for _ in range(args.rounds):
-            for n, fn in contenders.items():
-                samples[n].append(graph_time(fn, flush))
+        samples = interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in contenders.items()}, args.rounds)
         for n, ts in samples.items():
             row[f"{n}_us"] = statistics.median(ts)
         row["step_TBps"] = kv_bytes / row["step_us"] / 1e6

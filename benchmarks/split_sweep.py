@@ -1,7 +1,7 @@
 import sys, torch
 sys.path.insert(0, ".")
 import aotc.runtime
-from benchmarks.bench_decode import graph_time
+from benchmarks.timing import graph_time
 rt = aotc.runtime.load("artifacts/default.aotc")
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
 D, H_q, H_kv = 128, 32, 8

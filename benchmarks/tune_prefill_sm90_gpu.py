@@ -20,7 +20,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from bench_prefill import bench
+    from timing import event_time
 
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     cudnn_ms: dict = {}
@@ -47,7 +47,7 @@ def main() -> None:
                 plan = rt.prepare_prefill(q, k, v, out, causal=causal)
                 ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
                 stream = torch.cuda.current_stream().cuda_stream
-                ms, _ = bench(lambda: plan.run(*ptrs, 0, 0, 0, stream), flush_buf.zero_)
+                ms, _ = event_time(lambda: plan.run(*ptrs, 0, 0, 0, stream), flush_buf.zero_)
                 key = (D, causal, S)
                 if key not in cudnn_ms:
                     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -55,7 +55,7 @@ def main() -> None:
                     def call():
                         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                             F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                    cudnn_ms[key], _ = bench(call, flush_buf.zero_)
+                    cudnn_ms[key], _ = event_time(call, flush_buf.zero_)
                 row.update({f"S{S}_tflops": round(flops / ms / 1e9, 1),
                             f"S{S}_x_cudnn": round(cudnn_ms[key] / ms, 3)})
             print(json.dumps(row), flush=True)

@@ -4,7 +4,8 @@ FlashAttention-2 forward with warp-level tensor cores (mma.sync m16n8k16, fp32 a
 cp.async and ldmatrix: the same code for sm_80, sm_86, sm_89, sm_90(a), sm_100a and sm_120a.
 
 One CTA of 32*warps threads computes a (block_m x D) tile of O for one (batch, head):
-CTA = (m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z). The tiled MMA is
+CTA = (m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z; causal: m_block = gridDim.x - 1 -
+blockIdx.x, the costliest tiles of each head dispatched first). The tiled MMA is
 warps x 1 x 1 m16n8k16 atoms: warp w owns rows 16w..16w+15 of every (16*warps)-row slab.
 Tiles (block_m, block_n, warps) come from aotc.families.sdpa_prefill.TILES.
 
@@ -319,6 +320,12 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, bidx = cute.arch.block_idx()
         m_block = Int32(m_block)
+        if cutlass.const_expr(causal):
+            # longest first: under the bottom-right mask a tile's cost grows with m_block, and the
+            # blocks are dispatched in blockIdx order, so the last (most expensive) tiles of each
+            # head would otherwise start last and leave a long tail
+            n_m, _, _ = cute.arch.grid_dim()
+            m_block = Int32(n_m) - 1 - m_block
         head = Int32(head)
         bidx = Int32(bidx)
 
