@@ -6,12 +6,12 @@ wgmma tensor-core GEMMs, warp specialization, a persistent tile loop.
 Work unit: a tile of block_m = 128 query rows of one (batch, head). The grid has at most one
 CTA per SM, each running a fixed sequence of tiles (work_item()). Non-causal: in round i, CTA c
 takes tile i * gridDim.x + c (c reversed in odd rounds: a snake), m_block fastest, so the CTAs of
-one head share its K/V in L2. Causal with few (batch, head) pairs (long sequences): the same snake
-over the tiles longest first, which evens out their unequal lengths. Causal with many pairs (more
-than gridDim.x / 2): CTA c takes the pairs of tiles (m_blocks-1-j, j) of one head, pair
-k * gridDim.x + c, j fastest: every pair costs the same, and the CTAs running together work on a
-few heads whose K/V stay in L2 (longest-first over 128 heads at S 2048 kept DRAM 77% busy;
-grouping heads instead left SMs idle 23% of the time). A CTA is 1 + block_m / 64 warpgroups (3 or 4,
+one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: whenever there are at
+least gridDim.x pairs; D64: with more (batch, head) pairs than gridDim.x / 2): CTA c takes the pairs
+of tiles (m_blocks-1-j, j) of one head, pair k * gridDim.x + c, j fastest: every pair costs the same,
+and the CTAs running together work on a few heads whose K/V stay in L2. Otherwise the same snake
+over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
+heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time). A CTA is 1 + block_m / 64 warpgroups (3 or 4,
 384 or 512 threads; REGISTERS gives the split of the register file):
 
   warpgroup 0, producer (24 or 32 registers/thread after setmaxnreg): one elected thread issues the
@@ -61,7 +61,14 @@ from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
 _WG = WARPGROUP  # threads per warpgroup
-_PAIRS_MIN_TILES_PER_HEAD = 2  # causal: pair tiles when a round would hold fewer tiles of each head
+# Causal tile order. D128 and D256 take tile pairs whenever the pairs fill the grid; D64 (192-row tiles,
+# three consumer warpgroups) only when a round would hold fewer than _PAIRS_MIN_TILES_PER_HEAD tiles of
+# each head, else the longest-first snake. Measured in one run with settled clocks (session 6,
+# benchmarks/results/prefill_experiment_causal_pairs_threshold.json), against cuDNN: pairs always
+# lifted D128 bf16 S4096 0.99 -> 1.10-1.15x and S8192 1.03-1.05 -> 1.08-1.11x, D256 S8192 0.99-1.03 ->
+# 1.08x; D64 lost 5-9% with pairs at S 8192-16384.
+_PAIRS_WHENEVER_THEY_FILL_THE_GRID = {64: False, 128: True, 256: True}
+_PAIRS_MIN_TILES_PER_HEAD = 2
 
 
 _SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
@@ -189,11 +196,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
     def work_item(i, cta, n_ctas, m_blocks, heads_q, batch, pairs):
         """(valid, m_block, head, batch index) of CTA `cta`'s i-th work item. Non-causal tiles cost the
         same: tile i * n_ctas + cta (snake order), m_block fastest (one head's CTAs share its K/V in
-        L2). Causal, pairs != 0 (many (batch, head) pairs per round): items 2k and 2k+1 are the tiles
-        m_blocks-1-j and j of one head (a pair costs the same for every j), pair k * n_ctas + cta, j
-        fastest: balanced, and the CTAs running at once cover few heads, whose K/V stay in L2.
-        Causal, pairs == 0 (few heads, long sequences): longest tiles first in snake order, which
-        balances to the end; each head's tiles run together anyway."""
+        L2). Causal, pairs != 0 (see _PAIRS_WHENEVER_THEY_FILL_THE_GRID): items 2k and 2k+1 are the
+        tiles m_blocks-1-j and j of one head (a pair costs the same for every j), pair k * n_ctas + cta,
+        j fastest: balanced, and the CTAs running at once cover few heads, whose K/V stay in L2.
+        Causal, pairs == 0: longest tiles first in snake order, which balances to the end."""
         n_bh = heads_q * batch
         valid = Int32(0)
         m_block = Int32(0)
@@ -476,12 +482,17 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         rounds = (m_blocks * n_bh + (n_ctas - 1)) // n_ctas
         pairs = Int32(0)
         if cutlass.const_expr(causal):
-            # causal pairs once a round holds more (batch, head) pairs than _PAIRS_MIN_TILES_PER_HEAD
-            # tiles of each: then longest-first streams nearly every head's K/V at once (ncu at S 2048:
-            # DRAM 77% busy), and grouping heads instead unbalanced the CTAs (SMs idle 23% of the time)
-            if n_bh * _PAIRS_MIN_TILES_PER_HEAD > n_ctas:
+            # tile pairs (see _PAIRS_WHENEVER_THEY_FILL_THE_GRID): longest-first over many heads streams
+            # nearly every head's K/V at once (ncu at S 2048: DRAM 77% busy), and grouping heads instead
+            # unbalanced the CTAs (SMs idle 23% of the time); with fewer pairs than CTAs the snake's
+            # one tile per CTA is the shorter critical path
+            n_pairs = (m_blocks + 1) // 2 * n_bh
+            take_pairs = n_bh * _PAIRS_MIN_TILES_PER_HEAD > n_ctas
+            if cutlass.const_expr(_PAIRS_WHENEVER_THEY_FILL_THE_GRID[D]):
+                take_pairs = n_pairs >= n_ctas
+            if take_pairs:
                 pairs = Int32(1)
-                rounds = 2 * (((m_blocks + 1) // 2 * n_bh + (n_ctas - 1)) // n_ctas)
+                rounds = 2 * ((n_pairs + (n_ctas - 1)) // n_ctas)
         group = heads_q // heads_kv
 
         if wg == 0:
