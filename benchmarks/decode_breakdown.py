@@ -7,7 +7,7 @@ calls after an L2 flush (benchmarks/timing.py: clocks settled first), in interle
   step       the prepared step: one sdpa_decode launch (with splits, the last split of each
              (sequence, KV head) merges the partials in the same launch)
   cudnn      torch SDPA (cuDNN backend) on dense KV of the same logical shape
-and, for B = 1, the step at forced split counts. Host: the prepared step and a bare cuLaunchKernel of
+and, for B = 1, the step at forced split counts (for B = 64, forced counts 2-4 join the interleaved rounds). Host: the prepared step and a bare cuLaunchKernel of
 the decode cubin with the same parameters, 5,000 calls each.
 """
 from __future__ import annotations
@@ -60,6 +60,12 @@ def main() -> None:
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kd, vd, enable_gqa=True)
         contenders["cudnn"] = cudnn
+        if B >= 64:
+            # large batches: is the heuristic's split count (1: one wave of CTAs per 2 per SM) the best?
+            for splits in (2, 3, 4):
+                if splits != plan.num_splits:
+                    p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, num_splits=splits)
+                    contenders[f"splits{splits}"] = lambda p=p: p.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
         # correctness of the step at this shape (fp32 reference on the dense copy)
         plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
         torch.cuda.synchronize()

@@ -129,7 +129,8 @@ def breakdown_lines(bd: dict) -> list[str]:
     """Where a split-KV decode step's time goes (benchmarks/decode_breakdown.py)."""
     lines = [f"### Decode step breakdown ({bd['gpu']}, {bd['date']}, commit {bd['git_commit'][:12]}, "
              f"`{bd['command']}`)", "",
-             "µs per call (CUDA graph of 10, L2 flushed, median of interleaved rounds): the step as the runtime "
+             "µs per call (CUDA graph of 10, L2 flushed, clocks settled on each contender first, median of "
+             "interleaved rounds in rotated order): the step as the runtime "
              "launches it (one kernel; with splits, the last split of each sequence and KV head merges), torch SDPA "
              "cuDNN on dense KV.", "",
              "| page | B | S_kv | splits | step µs | TB/s | cuDNN µs | x cuDNN |",
@@ -164,7 +165,8 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None, probe=None) -> str
         lines += [f"## Decode over a paged KV cache ({dec['gpu']}, {dec['date']}, commit {dec['git_commit'][:12]}, "
                   f"`{dec['command']}`)", "",
                   "bf16, D 128, H_q/H_kv 32/8, S_q 1; effective bandwidth = bytes of K and V / time (CUDA graph of 10 "
-                  "calls, L2 flushed); torch SDPA on dense KV of the same logical shape (enable_gqa); aotc dense-KV: "
+                  "calls, L2 flushed, clocks settled on each contender first, median of interleaved rounds in rotated "
+                  "order); torch SDPA on dense KV of the same logical shape (enable_gqa); aotc dense-KV: "
                   "aotc's dense variant on those same tensors (the paged figure against it is the page gather's cost).", "",
                   "| page | B | S_kv | splits | aotc TB/s | aotc dense-KV TB/s | cuDNN TB/s | flash TB/s | x cuDNN | x flash "
                   "| max abs err vs fp32 |",
@@ -199,7 +201,8 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None, probe=None) -> str
         lines += [f"## Prefill forward ({pre['gpu']}, {pre['date']}, commit {pre.get('git_commit', '?')[:12]}, "
                   f"`{pre['command']}`)", "",
                   "16k tokens (B = 16384 / S), H = 16, packed BSHD; every column measured in the same process, the "
-                  "contenders taking turns (median of rounds). *aotc* is what the runtime dispatches to on this GPU "
+                  "contenders taking turns in rotated order, each running 100 ms untimed first so the clocks settle on "
+                  "its power draw (median of rounds; benchmarks/timing.py). *aotc* is what the runtime dispatches to on this GPU "
                   "(sdpa_prefill_sm90), *portable* the mma.sync family sdpa_prefill on the same tensors.", "",
                   "| D | dtype | S | B | causal | aotc TFLOP/s | portable TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | "
                   "aotc x cuDNN | portable x flash |",
