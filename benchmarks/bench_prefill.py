@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
+    ap.add_argument("--head-dim", type=int, action="append", choices=(64, 128, 256),
+                    help="only these head dims (repeatable; default all)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     ap.add_argument("--baseline-bundle", action="append", default=[],
                     help="another bundle (e.g. built from the previous commit): its kernel runs as contender 'base' in "
@@ -64,6 +66,8 @@ def main() -> None:
                     shapes.append((D, dtype, S, causal))
     if args.quick:
         shapes = [s for s in shapes if s[2] in (2048, 8192)]
+    if args.head_dim:
+        shapes = [s for s in shapes if s[0] in args.head_dim]
     if args.causal_only:
         shapes = [s for s in shapes if s[3]]
     for D, dtype, S, causal in shapes:
