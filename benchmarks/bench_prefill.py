@@ -53,7 +53,6 @@ def main() -> None:
 
     rt = aotc.runtime.load(args.bundle)
     rt_bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
-    rt_base = next(iter(rt_bases.values()), None)
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     flush = flush_buf.zero_
     rows = []
@@ -150,12 +149,12 @@ def main() -> None:
     (out_dir / "prefill.json").write_text(json.dumps(result, indent=1))
     nan = float("nan")
     print(f"{'D':>4} {'dt':>5} {'S':>6} {'causal':>6} {'aotc TF/s':>10} {'portable':>9} {'flash':>8} {'cudnn':>8} "
-          f"{'x cudnn':>8} {'port x flash':>12}" + (f" {'base x cudnn':>12} {'x base':>7}" if rt_base else ""))
+          f"{'x cudnn':>8} {'port x flash':>12}" + "".join(f" {b + ' x cudnn':>14} {'x ' + b:>8}" for b in rt_bases))
     for r in rows:
         print(f"{r['D']:>4} {r['dtype']:>5} {r['S']:>6} {str(r['causal']):>6} {r.get('aotc_tflops', nan):>10.1f} "
               f"{r.get('portable_tflops', nan):>9.1f} {r.get('flash_tflops', nan):>8.1f} {r.get('cudnn_tflops', nan):>8.1f} "
               f"{r.get('x_cudnn', nan):>8.2f} {r.get('portable_x_flash', nan):>12.2f}"
-              + (f" {r.get('base_x_cudnn', nan):>12.2f} {r.get('x_base', nan):>7.2f}" if rt_base else ""))
+              + "".join(f" {r.get(b + '_x_cudnn', nan):>14.2f} {r.get('x_' + b, nan):>8.2f}" for b in rt_bases))
 
 
 if __name__ == "__main__":

@@ -187,7 +187,10 @@ def main() -> None:
     results["host_enqueue"] = host
 
     # kernel time and bandwidth for a few combine shapes: 20 launches captured in a CUDA graph, so the
-    # host's launch cost does not idle the GPU between them; median over 30 replays (CUDA events)
+    # host's launch cost does not idle the GPU between them; median over 30 replays (CUDA events), no L2
+    # flush (the partials of a decode step are fresh in L2 when the combine reads them)
+    from benchmarks.timing import graph_time
+
     kernel_rows = []
     for splits, B, H, S in [(8, 64, 32, 1), (16, 1, 32, 1), (4, 8, 32, 4), (32, 128, 32, 1), (16, 512, 32, 4)]:
         op = torch.randn(splits, B, S, H, D, device=dev)
@@ -195,28 +198,9 @@ def main() -> None:
         out = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16)
         lse = torch.empty(B, H, S, device=dev)
         pl = rt.prepare_combine(op, lp, out, lse)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), side.cuda_stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        per_graph = 20
-        with torch.cuda.graph(graph):
-            s_ = torch.cuda.current_stream().cuda_stream
-            for _ in range(per_graph):
-                pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(), s_)
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(30):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            graph.replay()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) * 1e3 / per_graph)
-        us = statistics.median(times)
+        us = graph_time(lambda: pl.run(op.data_ptr(), lp.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                                       torch.cuda.current_stream().cuda_stream),
+                        flush=lambda: None, calls=20, replays=30)
         nbytes = op.numel() * 4 + lp.numel() * 4 + out.numel() * 2 + lse.numel() * 4
         kernel_rows.append({"splits": splits, "B": B, "H": H, "S_q": S, "D": D, "median_us": us,
                             "bytes": nbytes, "GB_per_s": nbytes / us / 1e3})
