@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
     ap.add_argument("--head-dim", type=int, action="append", choices=(64, 128, 256),
                     help="only these head dims (repeatable; default all)")
+    ap.add_argument("--dtype", action="append", choices=("bf16", "fp16"), help="only these dtypes (repeatable)")
+    ap.add_argument("--skip-portable", action="store_true", help="leave out the portable family (A/B runs of sm90)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     ap.add_argument("--baseline-bundle", action="append", default=[],
                     help="another bundle (e.g. built from the previous commit): its kernel runs as contender 'base' in "
@@ -67,6 +69,8 @@ def main() -> None:
         shapes = [s for s in shapes if s[2] in (2048, 8192)]
     if args.head_dim:
         shapes = [s for s in shapes if s[0] in args.head_dim]
+    if args.dtype:
+        shapes = [s for s in shapes if s[1] in args.dtype]
     if args.causal_only:
         shapes = [s for s in shapes if s[3]]
     for D, dtype, S, causal in shapes:
@@ -82,7 +86,7 @@ def main() -> None:
         # contenders: "aotc" is what the runtime dispatches to (the Hopper family on an H100/H200 when
         # the bundle has it), "portable" the mma.sync family on the same tensors, then torch's backends
         contenders = {}
-        for label, family in (("aotc", "auto"), ("portable", "sdpa_prefill")):
+        for label, family in (("aotc", "auto"),) + ((("portable", "sdpa_prefill"),) if not args.skip_portable else ()):
             try:
                 plan = rt.prepare_prefill(q, k, v, out, causal=causal, family=family)
                 row["variant" if label == "aotc" else "portable_variant"] = plan.variant.name
