@@ -3,7 +3,7 @@
 Hopper flash-attention forward: TMA loads into a shared-memory ring guarded by mbarriers,
 wgmma tensor-core GEMMs, warp specialization, a persistent tile loop.
 
-Work unit: a tile of block_m = 128 query rows of one (batch, head). The grid has at most one
+Work unit: a tile of block_m query rows (TILES: 128, 192 for D64) of one (batch, head). The grid has at most one
 CTA per SM, each running a fixed sequence of tiles (work_item()). Non-causal: in round i, CTA c
 takes tile i * gridDim.x + c (c reversed in odd rounds: a snake), m_block fastest, so the CTAs of
 one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: whenever there are at
@@ -11,8 +11,9 @@ least gridDim.x pairs; D64: with more (batch, head) pairs than gridDim.x / 2): C
 of tiles (m_blocks-1-j, j) of one head, pair k * gridDim.x + c, j fastest: every pair costs the same,
 and the CTAs running together work on a few heads whose K/V stay in L2. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
-heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time). A CTA is 1 + block_m / 64 warpgroups (3 or 4,
-384 or 512 threads; REGISTERS gives the split of the register file):
+heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
+A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
+register file):
 
   warpgroup 0, producer (24 or 32 registers/thread after setmaxnreg): one elected thread issues the
       TMA loads of each tile: K of its first kv block, then Q (one 64-row box per consumer
