@@ -33,6 +33,11 @@ CONFIGS = {  # name: (head_dim, (block_m, block_n, stages, pingpong))
     "d64_n128_s3": (64, (128, 128, 3, False)),
     "d128_n128_s3": (128, (128, 128, 3, False)),
     "d128_n128_s3_pp": (128, (128, 128, 3, True)),
+    # block_n 96: three stages still leave room for a separate O staging tile
+    "d128_n96": (128, (128, 96, 2, False)),
+    "d128_n96_s3": (128, (128, 96, 3, False)),
+    "d128_n96_s3_pp": (128, (128, 96, 3, True)),
+    "d128_n112": (128, (128, 112, 2, False)),
     # three consumer warpgroups (512 threads, 160 registers each)
     "d64_m192_n128_pp": (64, (192, 128, 2, True)),
     "d64_m192_n128": (64, (192, 128, 2, False)),
