@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -44,6 +43,25 @@ def paged_problem(rt, page, B, S, H_q, H_kv, D, max_splits):
     return k, v, pt, sl, q, out, ws
 
 
+def step_enqueue(plan, q, out, stream: int, calls: int) -> dict:
+    """Host enqueue of a prepared decode step (new q/out pointers each call, as a serving loop passes them)
+    and of a bare cuLaunchKernel of the same cubin with the same parameters: {name: time_calls result}."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    from benchmarks.bench_runtime import time_calls
+
+    lau = plan.launcher
+    kern, cs, g, b = cu.CUkernel(lau.handle), cu.CUstream(stream), lau.grid, lau.block
+    return {
+        "aotc_prepared_decode_step": time_calls(
+            lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, stream), calls, torch.cuda.synchronize),
+        "bare_cuLaunchKernel_decode_cubin": time_calls(
+            lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b[0], b[1], b[2], lau.smem, cs, lau.params.address,
+                                        0), calls, torch.cuda.synchronize),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
@@ -55,7 +73,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_runtime import time_calls
+    from benchmarks.bench_runtime import git_commit, time_calls
 
     rt = aotc.runtime.load(args.bundle)
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -123,16 +141,7 @@ def main() -> None:
             if page == 16 and B == 1 and "aotc" in contenders:
                 # host enqueue: a prepared split step (the merge runs in the same launch), a bare
                 # cuLaunchKernel of its cubin, and torch SDPA
-                host["aotc_prepared_decode_step"] = time_calls(
-                    lambda i, q=q, out=out: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st), 10000,
-                    torch.cuda.synchronize)
-                from cuda.bindings import driver as cu
-
-                lau = plan.launcher
-                kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
-                host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
-                    lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b_[0], b_[1], b_[2], lau.smem, cs,
-                                                lau.params.address, 0), 10000, torch.cuda.synchronize)
+                host.update(step_enqueue(plan, q, out, st, 10000))
                 for name in ("cudnn", "flash"):
                     if name in contenders:
                         host[f"torch_sdpa_{name}"] = time_calls(lambda i, c=contenders[name]: c(), 10000,
@@ -150,7 +159,7 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
               "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
                                         "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-              "torch": torch.__version__, "git_commit": os.environ.get("AOTC_GIT_COMMIT", "unknown"),
+              "torch": torch.__version__, "git_commit": git_commit(),
               "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "rows": rows,
               "host_enqueue": host}
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
+    from benchmarks.bench_runtime import git_commit
 
     rt = aotc.runtime.load(args.bundle)
     rt_bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
@@ -145,7 +145,7 @@ def main() -> None:
         "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
                                   "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
         "command": "python benchmarks/bench_prefill.py " + " ".join(sys.argv[1:]),
-        "git_commit": os.environ.get("AOTC_GIT_COMMIT", "unknown"),
+        "git_commit": git_commit(),
         "rows": rows,
     }
     out_dir = Path(args.out)

@@ -31,13 +31,12 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
-    from cuda.bindings import driver as cu
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_decode import paged_problem
+    from benchmarks.bench_decode import paged_problem, step_enqueue
     from benchmarks.timing import graph_time, interleaved
-    from benchmarks.bench_runtime import git_commit, time_calls
+    from benchmarks.bench_runtime import git_commit
 
     rt = aotc.runtime.load(args.bundle)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
@@ -85,14 +84,7 @@ def main() -> None:
                 sweep[splits] = graph_time(lambda: p.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur()), flush)
             row["split_sweep_us"] = sweep
         if page == 16 and B == 1:
-            st = cur()
-            host["prepared_step"] = time_calls(lambda i: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, st),
-                                               5000, torch.cuda.synchronize)
-            lau = plan.launcher
-            kern, cs, g, b_ = cu.CUkernel(lau.handle), cu.CUstream(st), lau.grid, lau.block
-            host["bare_cuLaunchKernel_decode_cubin"] = time_calls(
-                lambda i: cu.cuLaunchKernel(kern, g[0], g[1], g[2], b_[0], b_[1], b_[2], lau.smem, cs,
-                                            lau.params.address, 0), 5000, torch.cuda.synchronize)
+            host.update(step_enqueue(plan, q, out, cur(), 5000))
         rows.append(row)
         print(json.dumps({k_: (round(v_, 3) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
         del k, v, kd, vd, pt, q, out, ws, plan

@@ -76,7 +76,7 @@ def _launch(variant: Variant) -> LaunchFacts:
 
 FAMILY = register(Family(
     name="sdpa_decode",
-    doc="decode attention over a paged or dense KV cache, GQA-packed, split-KV with sdpa_combine",
+    doc="decode attention over a paged or dense KV cache, GQA-packed, split-KV merged in the same launch",
     archs=ARCHS,
     fields=(
         Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),

@@ -1,4 +1,4 @@
-"""sdpa_decode's runtime API: a few new tokens attend over a paged (or dense) KV cache, split-KV + combine.
+"""sdpa_decode's runtime API: a few new tokens attend over a paged (or dense) KV cache, split-KV merged in-kernel.
 
     nbytes = rt.decode_workspace_bytes(batch, seqlen_q, heads_q, head_dim, num_splits)
     plan = rt.prepare_decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse=None,
@@ -84,7 +84,7 @@ def choose_splits(batch: int, heads_kv: int, row_tiles: int, max_seqlen_kv: int,
     blocks = max(1, math.ceil(max_seqlen_kv / BLOCK_N))
     splits = max(1, min(sm_count * CTAS_PER_SM // ctas, blocks // 4, MAX_SPLITS))
     # the kernel gives each split ceil(blocks / splits) whole blocks: drop the splits that would get none
-    # (33 splits of 512 blocks are 32 splits of 16 blocks and an empty one the combine still reads)
+    # (33 splits of 512 blocks are 32 splits of 16 blocks and an empty one the merge would still read)
     return math.ceil(blocks / math.ceil(blocks / splits))
 
 
