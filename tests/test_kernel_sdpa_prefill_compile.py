@@ -63,6 +63,8 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in ptx
     assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx)
     assert ".local" not in ptx
+    # lazy O rescale (a warp vote around the multiplies) exactly where D > block_n
+    assert ("vote.sync.any.pred" in ptx) == (head_dim > bn)
     if head_dim in (64, 128):
         assert facts["frame_bytes"] == 0, f"register spills: {facts}"
 

@@ -140,8 +140,15 @@ def kv_block_range(m_block, s_q, s_kv, bm: cutlass.Constexpr, bn: cutlass.Conste
 
 # ---------------------------------------------------------------------------- online softmax
 
+# Lazy rescaling (the portable prefill kernel, where D > block_n): a row's running max is kept until a
+# new score exceeds it by more than this many log2 units, so p <= 2^8 (exact in fp32, representable in
+# fp16/bf16) and alpha is exactly 1 for most kv blocks; a warp whose rows all have alpha = 1 then skips
+# the O rescale. The final O / rowsum and LSE use the same kept max, so the result is unchanged.
+MAX_SLACK_LOG2 = 8.0
+
+
 @cute.jit
-def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2):
+def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_slack_log2: cutlass.Constexpr = 0.0):
     """Online-softmax step for this thread's row r of a score tile (already masked with -inf):
     S_mn[r] becomes p = 2^(s * scale_log2 - max * scale_log2), row_max[r] the running max (over
     the quad), row_sum[r] this thread's partial running sum; returns the factor alpha by which
@@ -150,6 +157,11 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2):
     row = S_mn[r, None].load()
     m_prev = row_max[r]
     m_cur = quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
+    if cutlass.const_expr(max_slack_log2 > 0.0):
+        # keep the running max while the new one exceeds it by at most the slack (p <= 2^slack, exact in
+        # fp32 and in the P dtype): alpha is then 1 and the O rescale can be skipped. A first finite max
+        # replaces -inf (the difference is +inf); -inf - -inf is NaN, which also keeps m_prev = -inf.
+        m_cur = m_prev if (m_cur - m_prev) * scale_log2 <= Float32(max_slack_log2) else m_cur
     row_max[r] = m_cur
     m_scaled = (Float32(0.0) if m_cur == Float32(NEG_INF) else m_cur) * scale_log2
     p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)

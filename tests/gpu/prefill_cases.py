@@ -144,6 +144,37 @@ def run_ragged(rt, family, case):
             check_close(lse[:, qs:qe], rl, LSE_TOL, f"LSE {what} seq {b}")
 
 
+def run_large_score_range(rt, family):
+    """Scores whose row max climbs by far more than the lazy rescale's slack (2^8) from one kv block to the
+    next in the kernels' walk (last block first; keys earlier in the sequence score higher here), beside
+    rows of plain random scores: O must be rescaled whenever a warp's max moves, and kept otherwise. Every
+    dense variant, against the fp32 reference; LSE checked too."""
+    variants = [v for v in prefill_variants(rt, family) if v[3] == "dense"]
+    assert variants
+    torch.manual_seed(7)
+    B, S, H = 2, 700, 4
+    for dtype, D, causal, _ in variants:
+        q = alloc(B, S, H, D, dtype, "bshd")
+        k = alloc(B, S, H, D, dtype, "bshd")
+        v = alloc(B, S, H, D, dtype, "bshd")
+        # heads 0 and 1: q = 1 and k[j] = ramp(j) * 2 / sqrt(D) * U(0, 1), so the scaled score of key j is
+        # about R * (S - j) / S: R = 150 climbs ~20 log2 units per 64-key block of the walk (past the slack:
+        # rescaled), R = 40 ~2-5 (within it: the max is kept and p reaches up to 2^8); heads 2, 3 random
+        q[:, :, :2] = 1.0
+        for h, R in ((0, 150.0), (1, 40.0)):
+            ramp = torch.linspace(R, 0.0, S, device="cuda").view(1, S, 1)
+            k[:, :, h] = (ramp * 2.0 / math.sqrt(D) * torch.rand(B, S, D, device="cuda")).to(k.dtype)
+        out = alloc(B, S, H, D, dtype, "bshd", fill=math.nan)
+        lse = torch.full((B, H, S), math.nan, device="cuda")
+        rt.prefill(q, k, v, out, lse, causal=causal, family=family)
+        torch.cuda.synchronize()
+        for b in range(B):
+            ro, rl = ref_attention(q[b], k[b], v[b], causal, 1.0 / math.sqrt(D))
+            what = f"large score range {dtype} D{D} causal={causal} batch {b}"
+            check_close(out[b], ro, TOL[dtype], "O " + what)
+            check_close(lse[b], rl, LSE_TOL, "LSE " + what)
+
+
 def run_custom_scale_and_no_lse(rt, family):
     dtype, D, causal, _ = prefill_variants(rt, family)[0]
     q = alloc(2, 100, 4, D, dtype, "bshd")

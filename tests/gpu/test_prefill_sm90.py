@@ -12,7 +12,7 @@ import aotc.runtime
 
 from common import check_close
 from prefill_cases import (DENSE_CASES, RAGGED_CASES, TOL, alloc, bundle_artifacts, prefill_variants, ref_attention,
-                           run_bad_arguments, run_custom_scale_and_no_lse, run_dense, run_ragged)
+                           run_bad_arguments, run_custom_scale_and_no_lse, run_dense, run_large_score_range, run_ragged)
 
 pytestmark = pytest.mark.gpu
 FAMILY = "sdpa_prefill_sm90"
@@ -26,6 +26,10 @@ def test_prefill_dense_matches_reference(rt, case):
 @pytest.mark.parametrize("case", RAGGED_CASES, ids=lambda c: f"q{c[0]}_kv{c[1]}_H{c[2]}-{c[3]}")
 def test_prefill_ragged_matches_reference(rt, case):
     run_ragged(rt, FAMILY, case)
+
+
+def test_prefill_large_score_range(rt):
+    run_large_score_range(rt, FAMILY)
 
 
 def test_prefill_custom_scale_and_no_lse(rt):
