@@ -199,7 +199,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         same: tile i * n_ctas + cta (snake order), m_block fastest (one head's CTAs share its K/V in
         L2). Causal, pairs != 0 (see _PAIRS_WHENEVER_THEY_FILL_THE_GRID): items 2k and 2k+1 are the
         tiles m_blocks-1-j and j of one head (a pair costs the same for every j), pair k * n_ctas + cta,
-        j fastest: balanced, and the CTAs running at once cover few heads, whose K/V stay in L2.
+        j fastest: balanced, and the CTAs running at once cover few heads, whose K/V stay in L2; the
+        middle tiles of an odd m_blocks (no partner) come after every full pair.
         Causal, pairs == 0: longest tiles first in snake order, which balances to the end."""
         n_bh = heads_q * batch
         valid = Int32(0)
@@ -207,14 +208,21 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         bh = Int32(0)
         if cutlass.const_expr(causal):
             if pairs != 0:
-                per_head = (m_blocks + 1) // 2
+                # full pairs of every head first; with an odd m_blocks the unpaired middle tiles (half a
+                # pair's cost) come last, so they fill in after the full pairs instead of landing on the
+                # same CTAs every round (132 CTAs, 6 items per head at D64 S 2048: a sixth of the CTAs
+                # got only middle tiles, the rest only full pairs)
+                half = m_blocks // 2
                 p = (i // 2) * n_ctas + cta
-                j = p % per_head
-                bh = p // per_head
+                j = p % cutlass.max(half, 1)
+                bh = p // cutlass.max(half, 1)
+                if p >= half * n_bh:  # a middle tile
+                    j = half
+                    bh = p - half * n_bh
                 m_block = m_blocks - 1 - j
                 if i % 2 == 1:
                     m_block = j
-                if p < per_head * n_bh:
+                if p < (m_blocks + 1) // 2 * n_bh:
                     if i % 2 == 0 or j != m_blocks - 1 - j:
                         valid = Int32(1)
             else:

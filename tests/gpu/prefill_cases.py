@@ -82,6 +82,9 @@ DENSE_CASES = [  # (B, S_q, S_kv, H_q, H_kv, layout)
     # many (batch, head) pairs (> half the SMs of an H200): the Hopper family's causal tile pairs
     (3, 1000, 1000, 32, 8, "bshd"),
     (5, 300, 450, 16, 4, "padded"),  # 3 query blocks: the middle tile has no partner
+    # D64 (192-row tiles): 3 query blocks over 96 (batch, head) pairs: 96 full pairs, then 96 middle tiles
+    # that spill into a second round of the Hopper family's causal schedule
+    (3, 400, 400, 32, 4, "bshd"),
 ]
 
 
