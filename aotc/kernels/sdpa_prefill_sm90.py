@@ -9,7 +9,8 @@ takes tile i * gridDim.x + c (c reversed in odd rounds: a snake), m_block fastes
 one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: whenever there are at
 least gridDim.x pairs; D64: with more (batch, head) pairs than gridDim.x / 2): CTA c takes the pairs
 of tiles (m_blocks-1-j, j) of one head, pair k * gridDim.x + c, j fastest: every pair costs the same,
-and the CTAs running together work on a few heads whose K/V stay in L2. Otherwise the same snake
+and the CTAs running together work on a few heads whose K/V stay in L2; an odd m_blocks leaves a
+middle tile per head without a partner, and those come after all the full pairs. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
 heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
