@@ -103,7 +103,7 @@ class PrefillPlan:
             # loads overlap this one's epilogue)
             tiles = m_blocks * heads_q * batch
             if tiles >= 2**31:
-                raise ArgumentError("ceil(S_q / 128) * H_q * B", tiles, "below 2^31 (the kernel's tile count is 32-bit)")
+                raise ArgumentError(f"ceil(S_q / {bm}) * H_q * B", tiles, "below 2^31 (the kernel's tile count is 32-bit)")
             grid = (min(tiles, multiprocessor_count(device)), 1, 1)
         else:
             grid = (m_blocks, heads_q, batch)
