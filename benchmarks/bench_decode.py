@@ -67,6 +67,10 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
+    ap.add_argument("--baseline-bundle", action="append", default=[],
+                    help="another bundle (e.g. built from the previous commit): its decode kernel runs as contender "
+                         "'base' on the same tensors in the same rounds (A/B of a kernel change); repeat for "
+                         "'base2', ...")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -76,6 +80,7 @@ def main() -> None:
     from benchmarks.bench_runtime import git_commit, time_calls
 
     rt = aotc.runtime.load(args.bundle)
+    rt_bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     D, H_q, H_kv = 128, 32, 8
     rows = []
@@ -108,6 +113,14 @@ def main() -> None:
                 contenders["aotc"] = lambda p=plan, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                     qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
                 row.update(splits=plan.num_splits, variant=plan.variant.name, workspace_bytes=plan.workspace_bytes)
+                for bname, rt_b in rt_bases.items():
+                    try:  # the same split count, so only the kernel differs
+                        base = rt_b.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws,
+                                                   num_splits=plan.num_splits)
+                        contenders[bname] = lambda p=base, qp=q.data_ptr(), op=out.data_ptr(): p.run(
+                            qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+                    except Exception as e:
+                        row[f"{bname}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             # torch on dense KV of the same logical shape
             kd = k[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
             vd = v[pt.long()].reshape(B, S, H_kv, D).transpose(1, 2).contiguous()
@@ -118,6 +131,11 @@ def main() -> None:
                                               max_seqlen_kv=S, workspace=ws)
                     contenders["aotc_dense"] = lambda p=dense, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                         qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+                    for bname, rt_b in rt_bases.items():
+                        base = rt_b.prepare_decode(q, kd.transpose(1, 2), vd.transpose(1, 2), out, sl, None,
+                                                   max_seqlen_kv=S, workspace=ws, num_splits=dense.num_splits)
+                        contenders[f"{bname}_dense"] = lambda p=base, qp=q.data_ptr(), op=out.data_ptr(): p.run(
+                            qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
                 except Exception as e:
                     row["aotc_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -135,9 +153,11 @@ def main() -> None:
             for n, ts in samples.items():
                 us = statistics.median(ts)
                 row[f"{n}_us"], row[f"{n}_TBps"] = us, kv_bytes / us / 1e6
-            for n in ("cudnn", "flash"):
+            for n in ("cudnn", "flash", *rt_bases):
                 if f"{n}_us" in row and "aotc_us" in row:
                     row[f"x_{n}"] = row[f"{n}_us"] / row["aotc_us"]
+                if f"{n}_dense_us" in row and "aotc_dense_us" in row:
+                    row[f"dense_x_{n}"] = row[f"{n}_dense_us"] / row["aotc_dense_us"]
             if page == 16 and B == 1 and "aotc" in contenders:
                 # host enqueue: a prepared split step (the merge runs in the same launch), a bare
                 # cuLaunchKernel of its cubin, and torch SDPA
@@ -164,11 +184,13 @@ def main() -> None:
               "host_enqueue": host}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode.json").write_text(json.dumps(result, indent=1))
-    print(f"{'page':>4} {'B':>4} {'S_kv':>6} {'splits':>6} {'aotc TB/s':>9} {'cuDNN':>7} {'flash':>7} {'x cuDNN':>8}")
+    print(f"{'page':>4} {'B':>4} {'S_kv':>6} {'splits':>6} {'aotc TB/s':>9} {'cuDNN':>7} {'flash':>7} {'x cuDNN':>8}"
+          + "".join(f" {b + ' TB/s':>10} {'x ' + b:>8}" for b in rt_bases))
     for r in rows:
         print(f"{r['page']:>4} {r['B']:>4} {r['S_kv']:>6} {r.get('splits', 0):>6} {r.get('aotc_TBps', float('nan')):>9.2f} "
               f"{r.get('cudnn_TBps', float('nan')):>7.2f} {r.get('flash_TBps', float('nan')):>7.2f} "
-              f"{r.get('x_cudnn', float('nan')):>8.2f}")
+              f"{r.get('x_cudnn', float('nan')):>8.2f}"
+              + "".join(f" {r.get(b + '_TBps', float('nan')):>10.2f} {r.get('x_' + b, float('nan')):>8.2f}" for b in rt_bases))
     for n, v_ in host.items():
         print(n, {k_: round(x, 2) for k_, x in v_.items() if isinstance(x, float)})
 

@@ -3,7 +3,12 @@
     ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         python3 benchmarks/profile_kernel.py prefill 128 2048 0
+
+Arguments: family (prefill, decode: paged KV, 16-token pages in random order; decode-dense: KV as
+[B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000),
+S, causal.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aotc.runtime  # noqa: E402
 
-rt = aotc.runtime.load(str(Path(__file__).resolve().parents[1] / "artifacts" / "default.aotc"))
+# the bundle: $AOTC_PROFILE_BUNDLE, else the default build
+rt = aotc.runtime.load(os.environ.get("AOTC_PROFILE_BUNDLE")
+                       or str(Path(__file__).resolve().parents[1] / "artifacts" / "default.aotc"))
 family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
 if family == "prefill":
     B, H = max(1, 16384 // S), 16
@@ -20,13 +27,17 @@ if family == "prefill":
     out = torch.empty_like(q)
     for _ in range(4):
         rt.prefill(q, k, v, out, causal=causal)
-elif family == "decode":
+elif family in ("decode", "decode-dense"):
     B, page, H_q, H_kv = D // 1000 or 64, 16, 32, 8  # D argument reused as B*1000 for decode runs
     D = 128
-    n_pages = B * S // page
-    kc = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    if family == "decode":
+        n_pages = B * S // page
+        kc = torch.randn(n_pages, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+        pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
+    else:
+        kc = torch.randn(B, H_kv, S, D, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+        pt = None
     vc = torch.randn_like(kc)  # its own V pool: with K = V the V reads would hit L2 (half the DRAM traffic)
-    pt = torch.randperm(n_pages, device="cuda", dtype=torch.int32).view(B, S // page)
     sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
     q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)

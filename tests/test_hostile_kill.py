@@ -146,8 +146,12 @@ def test_sigkill_builders_at_random_points(tmp_path, capsys, monkeypatch):
     assert len(variants) == 2
     keys = {cache_key(v): v for v in variants}
 
+    # a SIGKILLed compile leaves its (empty) DSL dump directory behind: keep those out of the real /tmp
+    builder_tmp = tmp_path / "builder-tmp"
+    builder_tmp.mkdir()
+
     def run_builder(root: Path, trace: Path, extra_env: dict | None = None) -> subprocess.Popen:
-        env = aotc_env(AOTC_CACHE_DIR=str(root), **(extra_env or {}))
+        env = aotc_env(AOTC_CACHE_DIR=str(root), TMPDIR=str(builder_tmp), **(extra_env or {}))
         env.pop(TEST_KILL_POINT_ENV, None)
         env.update(extra_env or {})
         return subprocess.Popen([PYTHON, "-c", BUILDER, str(trace), "build", str(spec), "-j", "1"], cwd=REPO,
