@@ -36,7 +36,8 @@ def main() -> None:
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
     ap.add_argument("--head-dim", type=int, action="append", choices=(64, 128, 256),
                     help="only these head dims (repeatable; default all)")
-    ap.add_argument("--dtype", action="append", choices=("bf16", "fp16"), help="only these dtypes (repeatable)")
+    ap.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
+                    help="these dtypes at every head dim (repeatable; default bf16 and fp16 at D128, bf16 at D64/D256)")
     ap.add_argument("--skip-portable", action="store_true", help="leave out the portable family (A/B runs of sm90)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
     ap.add_argument("--baseline-bundle", action="append", default=[],
@@ -61,7 +62,7 @@ def main() -> None:
     shapes = []
     for D, dtypes, seqs in [(128, ("bf16", "fp16"), (512, 2048, 4096, 8192, 16384)), (64, ("bf16",), (2048, 8192, 16384)),
                             (256, ("bf16",), (2048, 8192, 16384))]:
-        for dtype in dtypes:
+        for dtype in args.dtype or dtypes:
             for S in seqs:
                 for causal in (False, True):
                     shapes.append((D, dtype, S, causal))
@@ -69,8 +70,6 @@ def main() -> None:
         shapes = [s for s in shapes if s[2] in (2048, 8192)]
     if args.head_dim:
         shapes = [s for s in shapes if s[0] in args.head_dim]
-    if args.dtype:
-        shapes = [s for s in shapes if s[1] in args.dtype]
     if args.causal_only:
         shapes = [s for s in shapes if s[3]]
     for D, dtype, S, causal in shapes:

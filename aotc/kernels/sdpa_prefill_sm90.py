@@ -58,7 +58,7 @@ from cutlass.tensor_utils import LayoutEnum
 from ..families.sdpa_prefill_sm90 import (PARAMS, Q_BOX_ROWS, REGISTERS, TILES, TMA_BOX_COLS, WARPGROUP,
                                           consumer_warpgroups, threads)
 from ._attention import (DTYPES, LOG2_E, NEG_INF, VEC, kv_block_range, make_s2g, normalize_rows, seq_bounds,
-                         softmax_row, store_converted_pairs)
+                         softmax_row)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
@@ -358,7 +358,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             if n_max == 1:
                 release_q(ctx)  # the tile's only S GEMM is done: the next tile's Q may load
         softmax(ctx, acc_S, n_max - 1, True)
-        store_converted_pairs(ctx.rP, acc_S)
+        ctx.rP.store(acc_S.load().to(dtype))
 
     @cute.jit
     def overlapped_block(ctx, t, n_max, g0, masked: cutlass.Constexpr):
@@ -385,7 +385,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + v_empty(sp))
         rescale_o(ctx)
-        store_converted_pairs(ctx.rP, acc_S)
+        ctx.rP.store(acc_S.load().to(dtype))
 
     @cute.jit
     def last_block(ctx, n_max, g0):
