@@ -11,6 +11,10 @@ logical problem (2 * B * S_kv * H_kv * D * 2) / time; torch reads dense [B, H_kv
 enable_gqa=True, and so does aotc's dense-KV variant in the "aotc dense" column (page 16 rows only):
 the paged figure against it is the cost of the page gather. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
 bare cuLaunchKernel of the decode cubin, 10,000 calls each.
+
+A/B of a kernel change: --baseline-bundle OLD.aotc runs OLD's decode kernel with the same split count
+as contender "base" in the same rounds (x_base = base time / aotc time; dense_x_base for the dense-KV
+variants).
 """
 from __future__ import annotations
 
@@ -131,13 +135,18 @@ def main() -> None:
                                               max_seqlen_kv=S, workspace=ws)
                     contenders["aotc_dense"] = lambda p=dense, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                         qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
-                    for bname, rt_b in rt_bases.items():
+                except Exception as e:
+                    row["aotc_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                for bname, rt_b in rt_bases.items():
+                    if "aotc_dense" not in contenders:
+                        break
+                    try:
                         base = rt_b.prepare_decode(q, kd.transpose(1, 2), vd.transpose(1, 2), out, sl, None,
                                                    max_seqlen_kv=S, workspace=ws, num_splits=dense.num_splits)
                         contenders[f"{bname}_dense"] = lambda p=base, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                             qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
-                except Exception as e:
-                    row["aotc_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                    except Exception as e:
+                        row[f"{bname}_dense_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                 def call(backend=backend, qt=qt, kd=kd, vd=vd):
                     with sdpa_kernel(backend):
