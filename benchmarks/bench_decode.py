@@ -81,10 +81,10 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit, time_calls
+    from benchmarks.bench_runtime import git_commit, load_baselines, time_calls
 
     rt = aotc.runtime.load(args.bundle)
-    rt_bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
+    rt_bases = load_baselines(args.baseline_bundle)
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     D, H_q, H_kv = 128, 32, 8
     rows = []

@@ -49,6 +49,13 @@ def git_commit() -> str:
     return r.stdout.strip() if r.returncode == 0 else "unknown"
 
 
+def load_baselines(paths: list[str]) -> dict:
+    """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given."""
+    import aotc.runtime
+
+    return {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(paths)}
+
+
 def driver_free() -> int:
     from cuda.bindings import driver as cu
 
