@@ -6,6 +6,12 @@
 Each configuration overrides the family's tile table (block sizes, stages, ping-pong), compiles
 the bf16 dense variants of one head dim (causal and not) straight through compile_variant
 (bypassing the cache, whose key does not see these overrides) and writes a bundle.
+
+    python benchmarks/tune_prefill_sm90.py --full --merge artifacts/default.aotc --out /tmp/cand d128_n176
+
+--full compiles every variant of the head dim (both dtypes, dense and ragged, causal and not), and
+--merge writes the base bundle with those variants replaced: a candidate the GPU suite can run
+(AOTC_TEST_BUNDLE) and bench_prefill.py can time against the base (--baseline-bundle).
 """
 from __future__ import annotations
 
@@ -38,6 +44,9 @@ CONFIGS = {  # name: (head_dim, (block_m, block_n, stages, pingpong))
     "d128_n96_s3": (128, (128, 96, 3, False)),
     "d128_n96_s3_pp": (128, (128, 96, 3, True)),
     "d128_n112": (128, (128, 112, 2, False)),
+    "d128_n160": (128, (128, 160, 2, False)),
+    "d128_n160_pp": (128, (128, 160, 2, True)),
+    "d128_n192_pp": (128, (128, 192, 2, True)),
     # three consumer warpgroups (512 threads, 160 registers each)
     "d64_m192_n128_pp": (64, (192, 128, 2, True)),
     "d64_m192_n128": (64, (192, 128, 2, False)),
@@ -48,22 +57,29 @@ CONFIGS = {  # name: (head_dim, (block_m, block_n, stages, pingpong))
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/tune")
+    ap.add_argument("--full", action="store_true", help="every variant of the head dim, not only bf16 dense")
+    ap.add_argument("--merge", metavar="BUNDLE", help="write BUNDLE with the configuration's variants replaced")
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
     from aotc.families import sdpa_prefill_sm90 as fam
     from aotc.variant import Variant
     from benchmarks.tuning import write_tuning_bundle
 
+    def variants(D, block_n):
+        return [Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=D, layout=layout, causal=causal,
+                             block_n=block_n)
+                for dtype in (("bf16", "fp16") if args.full else ("bf16",))
+                for layout in (("dense", "ragged") if args.full else ("dense",))
+                for causal in (False, True)]
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name in args.configs:
-        D, tile = CONFIGS[name]
+        D, (bm, bn, stages, pingpong) = CONFIGS[name]
         saved = dict(fam.TILES)
-        fam.TILES[D] = tile
+        fam.TILES[D, bn] = (bm, stages, pingpong)
         try:
-            write_tuning_bundle(name, [Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=D,
-                                                    layout="dense", causal=causal) for causal in (False, True)],
-                                out / f"{name}.aotc")
+            write_tuning_bundle(name, variants(D, bn), out / f"{name}.aotc", merge_into=args.merge)
         finally:
             fam.TILES.clear()
             fam.TILES.update(saved)

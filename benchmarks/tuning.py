@@ -5,7 +5,7 @@ import hashlib
 from pathlib import Path
 
 
-def write_tuning_bundle(name: str, variants: list, path: Path) -> bool:
+def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str | None = None) -> bool:
     """Compile `variants` as the (patched) kernel sources now stand and write them to `path`.
 
     Each cubin gets a key of its own: the cache's key would not see the patch, so these artifacts
@@ -28,5 +28,9 @@ def write_tuning_bundle(name: str, variants: list, path: Path) -> bool:
     except Exception as e:
         print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
         return False
+    if merge_into:
+        from aotc.bundle import read_bundle
+        tuned = {a.variant.name for a in arts}
+        arts += [a for a in read_bundle(merge_into, check_arch=False).artifacts if a.variant.name not in tuned]
     write_bundle(path, arts)
     return True

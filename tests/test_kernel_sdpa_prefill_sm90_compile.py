@@ -10,21 +10,23 @@ pytest.importorskip("cutlass")
 from aotc import cubin as cubin_mod  # noqa: E402
 from aotc.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, TILES, threads  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, threads, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.variant import Variant  # noqa: E402
 
-CASES = [  # dtype, head_dim, layout, causal
-    ("bf16", 128, "dense", True),
-    ("fp16", 64, "ragged", False),
-    ("bf16", 256, "ragged", True),
+CASES = [  # dtype, head_dim, layout, causal, block_n
+    ("bf16", 128, "dense", True, 128),
+    ("bf16", 128, "dense", False, 176),
+    ("fp16", 64, "ragged", False, 128),
+    ("bf16", 256, "ragged", True, 80),
 ]
 SMEM_LIMIT = 227 * 1024  # dynamic + static shared memory per CTA on sm_90
 
 
-@pytest.mark.parametrize("dtype,head_dim,layout,causal", CASES)
-def test_compile(tmp_path, dtype, head_dim, layout, causal):
-    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=head_dim, layout=layout, causal=causal)
+@pytest.mark.parametrize("dtype,head_dim,layout,causal,block_n", CASES)
+def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=head_dim, layout=layout, causal=causal,
+                     block_n=block_n)
     cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
     info = cubin_mod.parse(cubin)
     assert info.arch == "sm_90a" and symbol in info.kernels
@@ -32,11 +34,12 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal):
     # three 128-byte TMA descriptors first, then the pointer ABI, exactly PARAMS' C layout
     assert KernelABI(symbol, PARAMS).check_layout(k.params) is None
     assert [size for _, size in k.params[:3]] == [128, 128, 128]
-    bm, bn, _, _ = TILES[head_dim]
-    assert f".reqntid {threads(head_dim)}, 1, 1" in ptx and threads(head_dim) == 128 * (1 + bm // 64)
+    bm, bn, _, _ = tile(head_dim, block_n)
+    n_threads = threads(head_dim, block_n)
+    assert f".reqntid {n_threads}, 1, 1" in ptx and n_threads == 128 * (1 + bm // 64)
     # no spills at the consumer register budget; shared memory fits one CTA per SM
     assert facts["frame_bytes"] == 0
-    assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim)
+    assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim, block_n)
     assert facts["dynamic_smem"] + k.static_smem <= SMEM_LIMIT
     # the Hopper machinery is there: TMA loads of the descriptor's rank, wgmma (the PV GEMM's A operand
     # from registers), register reallocation between producer and consumers, mbarrier transactions
@@ -47,25 +50,41 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal):
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bn}k16\.f32\.{t}\.{t}", ptx)  # S = Q K^T
     # O += P V: A (P) is a register list, not a shared-memory descriptor
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, \{{", ptx)
+    # P (and O) become 16-bit in packed pairs only: lone cvt.rn.bf16.f32 (then merged by movs between the
+    # PV wgmmas) made ptxas serialize D128 block_n 176's PV GEMM, one wgmma group per instruction (see
+    # _attention.store_converted_pairs); D256 keeps LLVM's own conversion, which measured faster
+    if (head_dim, block_n) not in kernel._P_CONVERTED_WHOLE:
+        assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
     producer, consumer = REGISTERS[bm // 64]
-    assert 128 * producer + (threads(head_dim) - 128) * consumer <= 65536  # within the register file
+    assert 128 * producer + (n_threads - 128) * consumer <= 65536  # within the register file
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "mbarrier.arrive.expect_tx" in ptx
 
 
-def test_family_records_the_tma_recipe():
+@pytest.mark.parametrize("block_n", [128, 176])
+def test_family_records_the_tma_recipe(block_n):
     fam = get_family("sdpa_prefill_sm90")
     for layout, rank in (("dense", 4), ("ragged", 3)):
-        v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=False)
+        v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=False,
+                         block_n=block_n)
         facts = fam.launch(v)
-        assert facts.block == (threads(128), 1, 1) == (384, 1, 1)
+        assert facts.block == (threads(128, block_n), 1, 1) == (384, 1, 1)
+        assert facts.extra["block_m"] == 128 and facts.extra["block_n"] == block_n
         tma = facts.extra["tma"]
         assert tma["rank"] == rank and tma["swizzle_bytes"] == 128 and tma["box_cols"] == 64
-        assert tma["box_rows"] == {"q": 64, "k": TILES[128][1], "v": TILES[128][1]}
+        assert tma["box_rows"] == {"q": 64, "k": block_n, "v": block_n}
+
+
+def test_untuned_tile_is_pruned_with_the_reason():
+    fam = get_family("sdpa_prefill_sm90")
+    assert fam.why_invalid(dict(dtype="bf16", head_dim=128, layout="dense", causal=False, block_n=176)) is None
+    why = fam.why_invalid(dict(dtype="bf16", head_dim=64, layout="dense", causal=False, block_n=176))
+    assert "block_n 176 is not a tile of head_dim 64" in why and "[128]" in why
 
 
 def test_refuses_other_archs(tmp_path):
-    v = Variant.make("sdpa_prefill_sm90", "sm_90", dtype="bf16", head_dim=128, layout="dense", causal=False)
+    v = Variant.make("sdpa_prefill_sm90", "sm_90", dtype="bf16", head_dim=128, layout="dense", causal=False,
+                     block_n=128)
     with pytest.raises(ValueError, match="sm_90a"):
         kernel.compile(v, dump_dir=str(tmp_path))

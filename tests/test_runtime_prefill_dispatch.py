@@ -11,12 +11,13 @@ from aotc.abi import LaunchFacts
 from aotc.errors import ArgumentError
 from aotc.families import get_family
 from aotc.runtime import driver, tma
-from aotc.runtime.prefill import hopper_recipes
+from aotc.runtime.prefill import HOPPER, LONG_KV, hopper_candidates, hopper_recipes
 from aotc.variant import Variant
 
 
 def fake_kernel(layout: str, head_dim: int = 128):
-    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=layout, causal=False)
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=layout, causal=False,
+                     block_n={64: 128, 128: 128, 256: 80}[head_dim])
     facts = get_family("sdpa_prefill_sm90").launch(v)
     return SimpleNamespace(variant=v, artifact=SimpleNamespace(launch=facts))
 
@@ -109,3 +110,25 @@ def test_dispatch_prefers_hopper_only_where_it_runs(monkeypatch):
         assert runtime.find("sdpa_prefill_sm90", 0, [want]) is None
     monkeypatch.setattr(driver, "compute_capability", lambda dev: (8, 9))
     assert runtime.select("sdpa_prefill", 0, [{**want, "strides": "general"}]).variant.arch == "sm_80"
+
+
+def test_long_kv_runs_the_widest_tile_and_short_the_narrowest(monkeypatch):
+    def kern(**fields):
+        return SimpleNamespace(variant=Variant.make(HOPPER, "sm_90a", **fields))
+
+    want = dict(dtype="bf16", head_dim=128, layout="dense", causal=False)
+    runtime = rt_mod.Runtime([])
+    runtime.kernels = {HOPPER: [kern(**want, block_n=128), kern(**want, block_n=176),
+                                kern(**{**want, "head_dim": 256}, block_n=80)]}
+    monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
+
+    def picked(seqlen_kv):
+        return runtime.find(HOPPER, 0, hopper_candidates(runtime, 0, want, seqlen_kv)).variant.get("block_n")
+
+    assert [picked(s) for s in (0, 1, 4096, LONG_KV - 1, LONG_KV, 1 << 20)] == [128, 128, 128, 128, 176, 176]
+    # a head dim with one width runs it at every length (D256's 80 is not offered to D128 and back)
+    runtime.kernels[HOPPER] = [kern(**want, block_n=176), kern(**{**want, "head_dim": 256}, block_n=80)]
+    assert picked(1) == 176 and picked(LONG_KV) == 176
+    # a bundle built before the field existed: its variants have no block_n and still match
+    runtime.kernels[HOPPER] = [kern(**want)]
+    assert hopper_candidates(runtime, 0, want, LONG_KV) == [want] and picked(LONG_KV) is None

@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 24 + 30
+    assert len(s.variants) == 18 + 36 + 32 + 30
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
@@ -33,14 +33,20 @@ def test_default_spec_loads():
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
+    # every head dim at its tuned kv tile widths only: D128 twice (the runtime picks by kv length)
+    assert sorted({(v["head_dim"], v["block_n"]) for v in hopper}) == [(64, 128), (128, 128), (128, 176), (256, 80)]
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode}) == 5
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
     assert {(v["layout"], v["strides"]) for v in prefill} == {("dense", "general"), ("dense", "packed"),
                                                              ("ragged", "general")}
-    # ragged x packed is pruned, with the family's reason
-    assert len(s.pruned) == 12 and all("packed specialization" in p.reason for p in s.pruned)
+    # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n)
+    packed = [p for p in s.pruned if p.family == "sdpa_prefill"]
+    tiles = [p for p in s.pruned if p.family == "sdpa_prefill_sm90"]
+    assert len(packed) == 12 and all("packed specialization" in p.reason for p in packed)
+    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) and len(s.pruned) == len(packed) + len(tiles)
+    assert all(f"is not a tile of head_dim {p.values['head_dim']}" in p.reason for p in tiles)
 
 
 def test_enumeration_is_the_product(tmp_path):

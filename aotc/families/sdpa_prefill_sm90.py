@@ -25,16 +25,27 @@ from __future__ import annotations
 
 from ..abi import LaunchFacts, Param
 from ..variant import Variant
-from . import Family, register
+from . import Family, Field, register
 from .sdpa_prefill import ATTENTION_FIELDS
 
-# head dim -> (block_m, block_n, kv stages, ping-pong): per CTA, block_m / 64 consumer warpgroups of
-# 64 query rows each (2 or 3) and one producer warpgroup. Chosen by measurement on the H200
-# (benchmarks/tune_prefill_sm90.py): block_n 176 for D128 spills at the 240-register budget; D64 runs
-# best at 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and D256, not D128.
-# D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and with
-# two, ncu found the schedulers without an eligible warp 56% of the time.
-TILES = {64: (192, 128, 2, True), 128: (128, 128, 2, False), 256: (128, 80, 2, True)}
+# (head dim, block_n) -> (block_m, kv stages, ping-pong): per CTA, block_m / 64 consumer warpgroups of
+# 64 query rows each (2 or 3) and one producer warpgroup; block_n keys per kv block. Chosen by
+# measurement on the H200 (benchmarks/tune_prefill_sm90.py, bench_prefill.py --baseline-bundle):
+# D64 runs best at block_n 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and
+# D256. D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and
+# with two, ncu found the schedulers without an eligible warp 56% of the time.
+# D128 has two tiles, one variant each (field block_n), and the runtime picks by the kv length
+# (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 3-5% faster from S_kv 8192 on
+# (session 9, benchmarks/results/prefill_experiment_d128_block_n_176.json), but at S_kv 512 a third
+# slower than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile,
+# as it has no room of its own, so the next tile's Q waits for the epilogue).
+TILES = {
+    (64, 128): (192, 2, True),
+    (128, 128): (128, 2, False),
+    (128, 176): (128, 2, True),
+    (256, 80): (128, 2, True),
+}
+BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
 Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
 WARPGROUP = 128
@@ -43,13 +54,20 @@ WARPGROUP = 128
 REGISTERS = {2: (24, 240), 3: (32, 160)}
 
 
-def consumer_warpgroups(head_dim: int) -> int:
-    return TILES[head_dim][0] // Q_BOX_ROWS
+def tile(head_dim: int, block_n: int) -> tuple[int, int, int, bool]:
+    """(block_m, block_n, kv stages, ping-pong) of a variant's head dim and block_n."""
+    bm, stages, pingpong = TILES[head_dim, block_n]
+    return bm, block_n, stages, pingpong
 
 
-def threads(head_dim: int) -> int:
+def consumer_warpgroups(head_dim: int, block_n: int) -> int:
+    return tile(head_dim, block_n)[0] // Q_BOX_ROWS
+
+
+def threads(head_dim: int, block_n: int) -> int:
     """Threads per CTA: the producer warpgroup and the consumer warpgroups."""
-    return WARPGROUP * (1 + consumer_warpgroups(head_dim))
+    return WARPGROUP * (1 + consumer_warpgroups(head_dim, block_n))
+
 
 PARAMS: tuple[Param, ...] = (
     Param("tma_q", "tensormap"), Param("tma_k", "tensormap"), Param("tma_v", "tensormap"),
@@ -64,13 +82,16 @@ PARAMS: tuple[Param, ...] = (
 ARCHS = ("sm_90a",)
 
 
-def block_m(head_dim: int) -> int:
-    return TILES[head_dim][0]
+def _why_invalid(values: dict) -> str | None:
+    if (values["head_dim"], values["block_n"]) not in TILES:
+        tuned = sorted(bn for d, bn in TILES if d == values["head_dim"])
+        return f"block_n {values['block_n']} is not a tile of head_dim {values['head_dim']} (tuned: {tuned})"
+    return None
 
 
 def tma_recipe(variant: Variant) -> dict:
     """How the runtime encodes the three descriptors (plain data, recorded in the bundle)."""
-    bm, bn, _, _ = TILES[variant["head_dim"]]
+    bn = variant["block_n"]
     return {
         "rank": 3 if variant["layout"] == "ragged" else 4,
         "box_cols": TMA_BOX_COLS,
@@ -82,9 +103,9 @@ def tma_recipe(variant: Variant) -> dict:
 
 
 def _launch(variant: Variant) -> LaunchFacts:
-    bm, bn, stages, pingpong = TILES[variant["head_dim"]]
+    bm, bn, stages, pingpong = tile(variant["head_dim"], variant["block_n"])
     return LaunchFacts(
-        block=(threads(variant["head_dim"]), 1, 1),
+        block=(threads(variant["head_dim"], bn), 1, 1),
         dynamic_smem=-1,  # filled in by the compiler from the kernel's shared storage
         grid_rule="persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1)",
         extra={"block_m": bm, "block_n": bn, "stages": stages, "pingpong": pingpong, "persistent": True,
@@ -96,8 +117,10 @@ FAMILY = register(Family(
     name="sdpa_prefill_sm90",
     doc="Hopper flash-attention forward: TMA + wgmma, producer/consumer warpgroups; dense or ragged, causal, GQA, LSE",
     archs=ARCHS,
-    fields=ATTENTION_FIELDS,
-    why_invalid=lambda values: None,
+    fields=ATTENTION_FIELDS + (
+        Field("block_n", BLOCK_N, "keys per kv block (the tile table pairs each head dim with its tuned widths)"),
+    ),
+    why_invalid=_why_invalid,
     params=lambda v: PARAMS,
     launch=_launch,
     kernel_module="aotc.kernels.sdpa_prefill_sm90",

@@ -173,6 +173,28 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_sl
 
 
 @cute.jit
+def store_converted_pairs(dst: cute.Tensor, src: cute.Tensor):
+    """dst = src in dst's element type. src and dst: register tensors of one compact layout.
+
+    A length that is not a power of two goes two neighbouring elements at a time (one
+    cvt.rn.bf16x2.f32 or f16x2 per pair): converted whole (40 values per thread for a 64 x 80 tile),
+    LLVM converted half the bf16 values one by one and merged the halves with PRMTs, and in
+    sdpa_prefill_sm90 D256 ptxas scheduled those merges between the PV wgmmas that read the pairs and
+    split the GEMM into one wgmma group each: the wait for S then also waited for 4/5 of PV. At D128
+    block_n 176 (88 values) the 16-bit halves were packed with movs right before each PV wgmma, and
+    ptxas gave every one of the 11 its own warpgroup.arrive and wait (ptxas -v: "warpgroup.arrive is
+    injected ... to allow use of registers in GMMA"), which made that tile 0.63-0.83x the 128-wide one."""
+    n = cute.size(src)
+    if cutlass.const_expr(n & (n - 1) == 0):  # a power of two: LLVM pairs them all by itself
+        dst.store(src.load().to(dst.element_type))
+    else:
+        src2 = cute.make_tensor(src.iterator, cute.make_layout((2, n // 2)))
+        dst2 = cute.make_tensor(dst.iterator, cute.make_layout((2, n // 2)))
+        for j in cutlass.range_constexpr(n // 2):
+            dst2[None, j].store(src2[None, j].load().to(dst.element_type))
+
+
+@cute.jit
 def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r):
     """End of the kv loop: O /= row sum (over the quad) and lse_r = natural-log LSE per row; a row
     that saw no key keeps O = 0 (its accumulator is 0) and gets LSE = -inf."""

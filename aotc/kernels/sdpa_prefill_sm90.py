@@ -3,7 +3,8 @@
 Hopper flash-attention forward: TMA loads into a shared-memory ring guarded by mbarriers,
 wgmma tensor-core GEMMs, warp specialization, a persistent tile loop.
 
-Work unit: a tile of block_m query rows (TILES: 128, 192 for D64) of one (batch, head). The grid has at most one
+Work unit: a tile of block_m query rows (TILES: 128, 192 for D64) of one (batch, head), its kv loop in
+blocks of block_n keys (the variant's field). The grid has at most one
 CTA per SM, each running a fixed sequence of tiles (work_item()). Non-causal: in round i, CTA c
 takes tile i * gridDim.x + c (c reversed in odd rounds: a snake), m_block fastest, so the CTAs of
 one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: whenever there are at
@@ -29,7 +30,7 @@ register file):
       while the PV GEMM is in flight; then O is rescaled and P(t) replaces P(t-1). Last: O +=
       P V. Q's buffer is released after the tile's last S GEMM, so the next tile's Q loads
       during this one's last GEMM and epilogue. Optional ping-pong named barriers make the
-      warpgroups take turns issuing GEMMs, round robin (TILES says per head dim).
+      warpgroups take turns issuing GEMMs, round robin (TILES says per tile).
 
 The ring's stage and phase follow from a running count of kv blocks that producer and
 consumers advance alike (ring()), so no pipeline state is exchanged.
@@ -40,8 +41,8 @@ a mask run in a loop of their own; a row that sees no key gets O = 0 and LSE = -
 Q/K/V past the tensor end read as zero (TMA out-of-bounds fill).
 
 Epilogue per consumer warpgroup: O / rowsum -> fp16/bf16 -> its O staging slab in smem (its Q
-slab for D256, which has no room for one; Q is then released after the slab is read back) ->
-128-bit stores of the rows < S_q; LSE by one thread per quad.
+slab for D256 and for D128 at block_n 176, which have no room for one; Q is then released after the
+slab is read back) -> 128-bit stores of the rows < S_q; LSE by one thread per quad.
 """
 from types import SimpleNamespace
 
@@ -55,10 +56,10 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from ..families.sdpa_prefill_sm90 import (PARAMS, Q_BOX_ROWS, REGISTERS, TILES, TMA_BOX_COLS, WARPGROUP,
-                                          consumer_warpgroups, threads)
+from ..families.sdpa_prefill_sm90 import (PARAMS, Q_BOX_ROWS, REGISTERS, TMA_BOX_COLS, WARPGROUP, consumer_warpgroups,
+                                          threads, tile)
 from ._attention import (DTYPES, LOG2_E, NEG_INF, VEC, kv_block_range, make_s2g, normalize_rows, seq_bounds,
-                         softmax_row)
+                         softmax_row, store_converted_pairs)
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 
@@ -73,22 +74,29 @@ _PAIRS_WHENEVER_THEY_FILL_THE_GRID = {64: False, 128: True, 256: True}
 _PAIRS_MIN_TILES_PER_HEAD = 2
 
 
+# Tiles whose P stays converted to 16 bits the way LLVM does it by itself (one vector conversion), not in
+# explicit pairs (_attention.store_converted_pairs). D256 at block_n 80: ptxas then splits its PV GEMM into
+# five wgmma groups (the 40-value P is half converted singly and merged with PRMTs between the wgmmas),
+# yet in same-process A/B runs the paired conversion, one group, measured 0.94-0.99x of it (session 9,
+# benchmarks/results/prefill_experiment_d128_block_n_176.json; session 8: mean 0.98). Every other width
+# that is not a power of two needs the pairs: at D128 block_n 176, ptxas serialized all 11 PV wgmmas.
+_P_CONVERTED_WHOLE = {(256, 80)}
 _SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 _BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
 _STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
 
 
-def separate_o(head_dim: int) -> bool:
+def separate_o(head_dim: int, block_n: int) -> bool:
     """Whether an O staging tile fits beside Q and the K/V ring (else O is staged in Q's tile,
     and the next tile's Q waits for the epilogue)."""
-    bm, bn, stages, _ = TILES[head_dim]
+    bm, bn, stages, _ = tile(head_dim, block_n)
     return _BARRIER_BYTES + (2 * bm * head_dim + 2 * stages * bn * head_dim) * 2 <= _SMEM_LIMIT - _STATIC_SMEM
 
 
-def smem_bytes(head_dim: int) -> int:
+def smem_bytes(head_dim: int, block_n: int) -> int:
     """Q (block_m x D) [+ O staging] + K and V rings (stages x block_n x D) of 2-byte elements + mbarriers."""
-    bm, bn, stages, _ = TILES[head_dim]
-    tiles = bm * head_dim * (2 if separate_o(head_dim) else 1) + 2 * stages * bn * head_dim
+    bm, bn, stages, _ = tile(head_dim, block_n)
+    tiles = bm * head_dim * (2 if separate_o(head_dim, block_n) else 1) + 2 * stages * bn * head_dim
     return _BARRIER_BYTES + tiles * 2
 
 
@@ -137,21 +145,22 @@ def _gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool):
     warpgroup.commit_group()
 
 
-def _build(dtype, head_dim: int, ragged: bool, causal: bool):
+def _build(dtype, head_dim: int, block_n: int, ragged: bool, causal: bool):
     """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
-    bm, bn, stages, pingpong = TILES[head_dim]
+    bm, bn, stages, pingpong = tile(head_dim, block_n)
     D = head_dim
     chunks = D // TMA_BOX_COLS
-    sep_o = separate_o(head_dim)
+    sep_o = separate_o(head_dim, bn)
     n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
-    n_wg = consumer_warpgroups(head_dim)
+    n_wg = consumer_warpgroups(head_dim, bn)
     if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
-        raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
-    n_threads = threads(head_dim)
+        raise ValueError(f"unsupported tile {(bm, bn, stages, pingpong)} for head_dim {head_dim}")
+    n_threads = threads(head_dim, bn)
     consumer_warps = 4 * n_wg
     producer_regs, consumer_regs = REGISTERS[n_wg]
     elem_bytes = dtype.width // 8
     q_tx = n_wg_rows * D * elem_bytes * n_wg  # every warpgroup's Q slab, on one barrier
+    p_whole = (D, bn) in _P_CONVERTED_WHOLE
     kv_tx = bn * D * elem_bytes
 
     @cute.struct
@@ -163,8 +172,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         sO: cute.struct.Align[cute.struct.MemRange[dtype, bm * D if sep_o else 0], 1024]
 
     smem_size = SharedStorage.size_in_bytes()
-    if smem_size != smem_bytes(D):
-        raise RuntimeError(f"shared storage is {smem_size} bytes, smem_bytes() says {smem_bytes(D)}")
+    if smem_size != smem_bytes(D, bn):
+        raise RuntimeError(f"shared storage is {smem_size} bytes, smem_bytes() says {smem_bytes(D, bn)}")
 
     # barrier indices in storage.bars
     Q_FULL = 0
@@ -343,6 +352,14 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             cute.arch.mbarrier_arrive(ctx.bars + Q_EMPTY)
 
     @cute.jit
+    def store_p(ctx, acc_S):
+        """P (the softmax'd S tile) to fp16/bf16 into the PV GEMM's A-operand registers."""
+        if cutlass.const_expr(p_whole):
+            ctx.rP.store(acc_S.load().to(dtype))
+        else:
+            store_converted_pairs(ctx.rP, acc_S)
+
+    @cute.jit
     def first_block(ctx, n_max, g0):
         """kv iteration 0 (block n_max - 1, always in the masked range): S, softmax, P; O is still 0."""
         bars = ctx.bars
@@ -358,7 +375,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
             if n_max == 1:
                 release_q(ctx)  # the tile's only S GEMM is done: the next tile's Q may load
         softmax(ctx, acc_S, n_max - 1, True)
-        ctx.rP.store(acc_S.load().to(dtype))
+        store_p(ctx, acc_S)
 
     @cute.jit
     def overlapped_block(ctx, t, n_max, g0, masked: cutlass.Constexpr):
@@ -385,7 +402,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool):
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + v_empty(sp))
         rescale_o(ctx)
-        ctx.rP.store(acc_S.load().to(dtype))
+        store_p(ctx, acc_S)
 
     @cute.jit
     def last_block(ctx, n_max, g0):
@@ -674,24 +691,25 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
     if variant.arch != "sm_90a":
         raise ValueError(f"{variant.name}: sdpa_prefill_sm90 needs sm_90a (wgmma, setmaxnreg), got {variant.arch}")
     dtype = DTYPES[variant["dtype"]]
-    head_dim = int(variant["head_dim"])
+    head_dim, block_n = int(variant["head_dim"]), int(variant["block_n"])
     return compile_least_spilling(
-        lambda: _build(dtype, head_dim, variant["layout"] == "ragged", bool(variant["causal"])),
+        lambda: _build(dtype, head_dim, block_n, variant["layout"] == "ragged", bool(variant["causal"])),
         _placeholders(dtype), variant.arch, dump_dir, keep_ptx)
 
 
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
     """Compile one sdpa_prefill_sm90 variant: (cubin bytes, kernel symbol, {"dynamic_smem": bytes}).
 
-    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block (threads(D), 1, 1),
+    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block (threads(D, block_n), 1, 1),
     grid (min(tiles, SMs), 1, 1) with tiles = ceil(max_seqlen_q / block_m) * heads_q * batch (the kernel is
     persistent), dynamic_smem bytes of dynamic shared memory.
     """
     _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
-    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]))}
+    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]), int(variant["block_n"]))}
 
 
 def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, dict, str]:
     compiled, cubin, symbol, frame, level = _compile(variant, dump_dir, keep_ptx=True)
-    facts = {"dynamic_smem": smem_bytes(int(variant["head_dim"])), "ptxas": level, "frame_bytes": frame}
+    facts = {"dynamic_smem": smem_bytes(int(variant["head_dim"]), int(variant["block_n"])), "ptxas": level,
+             "frame_bytes": frame}
     return cubin, symbol, facts, str(compiled.__ptx__)

@@ -15,7 +15,6 @@ import math
 
 from ..errors import ArgumentError
 from ..families.sdpa_prefill import block_m
-from ..families.sdpa_prefill_sm90 import block_m as hopper_block_m
 from . import validate as V
 from .driver import multiprocessor_count
 from .launch import PreparedLaunch
@@ -26,6 +25,12 @@ FAMILY = "sdpa_prefill"
 HOPPER = "sdpa_prefill_sm90"
 DTYPES = ("fp16", "bf16")
 MAX_GRID_YZ = 65535
+# From this many keys (max_seqlen_kv) on, the Hopper family runs the widest kv tile (block_n) the bundle
+# has for the head dim, below it the narrowest. On the H200 (session 9,
+# benchmarks/results/prefill_experiment_d128_block_n_176.json), D128 at block_n 176 against 128: 1.02-1.05x
+# at S_kv 8192-16384, even at 4096, 0.74-0.93x at 512 (a short kv loop pays the wide tile's partial
+# last block and its Q-staged epilogue).
+LONG_KV = 8192
 
 
 class PrefillPlan:
@@ -75,7 +80,7 @@ class PrefillPlan:
         kernel = None
         self.descriptors = None
         if family != FAMILY:
-            kernel = runtime.find(HOPPER, device, [wanted])
+            kernel = runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, seqlen_kv))
             refusal = None if kernel is not None else f"no loaded {HOPPER} kernel fits {wanted} on this device"
             if kernel is not None:
                 recipes, refusal = hopper_recipes(kernel, t, ragged, dtype)
@@ -86,7 +91,7 @@ class PrefillPlan:
             else:
                 self.descriptors = tuple(DescriptorSlot(recipes[n], t[n].ptr) for n in ("q", "k", "v"))
                 values.update({"tma_" + n: d.data for n, d in zip(("q", "k", "v"), self.descriptors)})
-                bm = hopper_block_m(head_dim)
+                bm = int(kernel.artifact.launch.extra["block_m"])
         if kernel is None:
             packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
                       and (ls is None or V.is_packed(ls)))
@@ -144,6 +149,14 @@ class PrefillPlan:
         V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
         self.run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
                  0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+
+
+def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> list[dict]:
+    """The field sets to look for, best first: every loaded block_n, widest first for a long kv loop
+    (seqlen_kv >= LONG_KV), narrowest first otherwise; then any block_n (a bundle of an older aotc)."""
+    widths = sorted((n for n in runtime.field_values(HOPPER, "block_n", device) if n is not None),
+                    reverse=seqlen_kv >= LONG_KV)
+    return [{**wanted, "block_n": n} for n in widths] + [wanted]
 
 
 def hopper_recipes(kernel, t: dict, ragged: bool, dtype: str) -> tuple[dict | None, str | None]:

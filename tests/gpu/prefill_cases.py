@@ -219,3 +219,22 @@ def bundle_artifacts():
     from conftest import BUNDLE
 
     return read_bundle(BUNDLE).artifacts
+
+
+TILE_CHOICES = ("narrowest", "widest")
+
+
+def hopper_tile_runtime(choice):
+    """A runtime of the bundle whose Hopper prefill kernels are one kv tile width per head dim, the
+    narrowest or the widest (block_n), so a test runs that width whatever the sequence length (the
+    runtime itself picks by max_seqlen_kv)."""
+    import aotc.runtime
+
+    arts = bundle_artifacts()
+    widths = {}
+    for a in arts:
+        if a.variant.family == "sdpa_prefill_sm90":
+            widths.setdefault(a.variant["head_dim"], set()).add(a.variant["block_n"])
+    pick = {d: (min if choice == "narrowest" else max)(w) for d, w in widths.items()}
+    return aotc.runtime.Runtime([a for a in arts if a.variant.family != "sdpa_prefill_sm90"
+                                 or a.variant["block_n"] == pick[a.variant["head_dim"]]])

@@ -2,7 +2,8 @@
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_cases.py all
     ... --tool racecheck python3 tests/gpu/sanitizer_cases.py one
-    ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged
+    ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged,
+                                                      # and D128 at its widest kv tile (block_n 176)
 
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so an access past a
 tensor's end is past an allocation's end, which memcheck reports.
@@ -19,8 +20,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import aotc.runtime  # noqa: E402
+from aotc.bundle import read_bundle  # noqa: E402
 
-rt = aotc.runtime.load(os.environ.get("AOTC_TEST_BUNDLE", str(ROOT / "artifacts" / "default.aotc")))
+rt_path = os.environ.get("AOTC_TEST_BUNDLE", str(ROOT / "artifacts" / "default.aotc"))
+rt = aotc.runtime.load(rt_path)
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 launches = 0
 
@@ -43,15 +46,25 @@ def combine_cases():
                 launches += 1
 
 
-def prefill_cases(family):
+def hopper_widest_runtime():
+    """The bundle with only the widest kv tile (block_n) of each head dim in the Hopper family: the
+    edge shapes are short, and the runtime would pick the narrowest for them."""
+    widest = {}
+    for k in rt.kernels.get("sdpa_prefill_sm90", []):
+        widest[k.variant["head_dim"]] = max(widest.get(k.variant["head_dim"], 0), k.variant["block_n"])
+    arts = [a for a in read_bundle(rt_path).artifacts if a.variant.family != "sdpa_prefill_sm90"
+            or a.variant["block_n"] == widest[a.variant["head_dim"]]]
+    return aotc.runtime.Runtime(arts)
+
+
+def prefill_cases(family, rt=rt, picks=None):
     """Edge shapes through one prefill family (forced, so the portable one runs on sm_90 too)."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["layout"], k.variant["causal"])
                        for k in rt.kernels.get(family, [])})
     if mode == "one":
         variants = [v for v in variants if v[1] == 128 and v[3] and v[2] == "dense"][:1]
-    elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
-        picks = [(64, "dense", False), (128, "dense", True), (256, "ragged", False)]
+    elif mode == "hopper":
         variants = [next(v for v in variants if (v[1], v[2], v[3]) == p) for p in picks]
     for dtype, D, layout, causal in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -108,12 +121,15 @@ def decode_cases():
             launches += 1  # split-KV: the merge runs in the same launch
 
 
-if mode == "hopper":
-    prefill_cases("sdpa_prefill_sm90")
+if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
+    prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
+    prefill_cases("sdpa_prefill_sm90", hopper_widest_runtime(), picks=[(128, "dense", False)])
 else:
     combine_cases()
     prefill_cases("sdpa_prefill")
     prefill_cases("sdpa_prefill_sm90")
+    if mode == "all":
+        prefill_cases("sdpa_prefill_sm90", hopper_widest_runtime())
     decode_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")

@@ -1,6 +1,6 @@
 """sdpa_prefill_sm90 (Hopper: TMA + wgmma) on the GPU: every variant of the default bundle against
-an fp32 torch reference (the portable family's cases and tolerances, prefill_cases.py), and the
-dispatch between the two families."""
+an fp32 torch reference (the portable family's cases and tolerances, prefill_cases.py), at each kv
+tile width (block_n) a head dim has, and the dispatch between the two families and between widths."""
 from __future__ import annotations
 
 import math
@@ -11,29 +11,59 @@ import torch
 import aotc.runtime
 
 from common import check_close
-from prefill_cases import (DENSE_CASES, RAGGED_CASES, TOL, alloc, bundle_artifacts, prefill_variants, ref_attention,
-                           run_bad_arguments, run_custom_scale_and_no_lse, run_dense, run_large_score_range, run_ragged)
+from prefill_cases import (DENSE_CASES, LSE_TOL, RAGGED_CASES, TILE_CHOICES, TOL, alloc, bundle_artifacts,
+                           hopper_tile_runtime, prefill_variants, ref_attention, run_bad_arguments,
+                           run_custom_scale_and_no_lse, run_dense, run_large_score_range, run_ragged)
 
 pytestmark = pytest.mark.gpu
 FAMILY = "sdpa_prefill_sm90"
 
 
+@pytest.fixture(scope="module", params=TILE_CHOICES)
+def rt_tile(rt, request):
+    """The bundle with one kv tile width per head dim: each case runs at the narrowest and the widest."""
+    return hopper_tile_runtime(request.param)
+
+
 @pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: "B{}_Sq{}_Skv{}_H{}-{}_{}".format(*c))
-def test_prefill_dense_matches_reference(rt, case):
-    run_dense(rt, FAMILY, case)
+def test_prefill_dense_matches_reference(rt_tile, case):
+    run_dense(rt_tile, FAMILY, case)
 
 
 @pytest.mark.parametrize("case", RAGGED_CASES, ids=lambda c: f"q{c[0]}_kv{c[1]}_H{c[2]}-{c[3]}")
-def test_prefill_ragged_matches_reference(rt, case):
-    run_ragged(rt, FAMILY, case)
+def test_prefill_ragged_matches_reference(rt_tile, case):
+    run_ragged(rt_tile, FAMILY, case)
 
 
-def test_prefill_large_score_range(rt):
-    run_large_score_range(rt, FAMILY)
+def test_prefill_large_score_range(rt_tile):
+    run_large_score_range(rt_tile, FAMILY)
 
 
-def test_prefill_custom_scale_and_no_lse(rt):
-    run_custom_scale_and_no_lse(rt, FAMILY)
+def test_prefill_custom_scale_and_no_lse(rt_tile):
+    run_custom_scale_and_no_lse(rt_tile, FAMILY)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_kv_runs_the_widest_tile(rt, causal):
+    """From LONG_KV keys on the runtime picks the head dim's widest kv tile, below it the narrowest;
+    the long call is checked against the reference (a 8192-key loop of the wide tile, GQA, LSE)."""
+    from aotc.runtime.prefill import LONG_KV
+
+    D = 128
+    widths = sorted({k.variant["block_n"] for k in rt.kernels[FAMILY] if k.variant["head_dim"] == D})
+    q = alloc(1, 300, 4, D, "bf16", "bshd")
+    k, v = alloc(1, LONG_KV, 2, D, "bf16", "bshd"), alloc(1, LONG_KV, 2, D, "bf16", "bshd")
+    out = alloc(1, 300, 4, D, "bf16", "bshd", fill=math.nan)
+    lse = torch.full((1, 4, 300), math.nan, device="cuda")
+    short = rt.prepare_prefill(q, k[:, :LONG_KV - 1], v[:, :LONG_KV - 1], out, causal=causal)
+    assert short.variant["block_n"] == widths[0]
+    plan = rt.prepare_prefill(q, k, v, out, lse, causal=causal)
+    assert plan.variant.family == FAMILY and plan.variant["block_n"] == widths[-1]
+    rt.prefill(q, k, v, out, lse, causal=causal)
+    torch.cuda.synchronize()
+    ref, ref_lse = ref_attention(q[0], k[0], v[0], causal, D ** -0.5)
+    check_close(out[0], ref, TOL["bf16"], f"S_kv {LONG_KV} causal={causal}")
+    check_close(lse[0], ref_lse, LSE_TOL, "lse")
 
 
 def test_prefill_bad_arguments(rt):
