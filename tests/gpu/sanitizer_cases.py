@@ -20,10 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import aotc.runtime  # noqa: E402
-from aotc.bundle import read_bundle  # noqa: E402
+from prefill_cases import hopper_tile_runtime  # noqa: E402  (this file's folder: the GPU suite's helpers)
 
-rt_path = os.environ.get("AOTC_TEST_BUNDLE", str(ROOT / "artifacts" / "default.aotc"))
-rt = aotc.runtime.load(rt_path)
+rt = aotc.runtime.load(os.environ.get("AOTC_TEST_BUNDLE", str(ROOT / "artifacts" / "default.aotc")))
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 launches = 0
 
@@ -44,17 +43,6 @@ def combine_cases():
                 lse = torch.empty(B, H, S, device="cuda")
                 rt.combine(op, lp, out, lse)
                 launches += 1
-
-
-def hopper_widest_runtime():
-    """The bundle with only the widest kv tile (block_n) of each head dim in the Hopper family: the
-    edge shapes are short, and the runtime would pick the narrowest for them."""
-    widest = {}
-    for k in rt.kernels.get("sdpa_prefill_sm90", []):
-        widest[k.variant["head_dim"]] = max(widest.get(k.variant["head_dim"], 0), k.variant["block_n"])
-    arts = [a for a in read_bundle(rt_path).artifacts if a.variant.family != "sdpa_prefill_sm90"
-            or a.variant["block_n"] == widest[a.variant["head_dim"]]]
-    return aotc.runtime.Runtime(arts)
 
 
 def prefill_cases(family, rt=rt, picks=None):
@@ -123,13 +111,14 @@ def decode_cases():
 
 if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
-    prefill_cases("sdpa_prefill_sm90", hopper_widest_runtime(), picks=[(128, "dense", False)])
+    # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
+    prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"), picks=[(128, "dense", False)])
 else:
     combine_cases()
     prefill_cases("sdpa_prefill")
     prefill_cases("sdpa_prefill_sm90")
     if mode == "all":
-        prefill_cases("sdpa_prefill_sm90", hopper_widest_runtime())
+        prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"))
     decode_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")
