@@ -35,10 +35,11 @@ from .sdpa_prefill import ATTENTION_FIELDS
 # D256. D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and
 # with two, ncu found the schedulers without an eligible warp 56% of the time.
 # D128 has two tiles, one variant each (field block_n), and the runtime picks by the kv length
-# (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 3-5% faster from S_kv 8192 on
-# (session 9, benchmarks/results/prefill_experiment_d128_block_n_176.json), but at S_kv 512 a third
-# slower than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile,
-# as it has no room of its own, so the next tile's Q waits for the epilogue).
+# (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 2-3% faster from S_kv 8192 on
+# (tensor pipe 81% busy under ncu at 16k against 75%; session 9,
+# benchmarks/results/prefill_experiment_d128_block_n_176.json), but at S_kv 512 up to a quarter slower
+# than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile, as it
+# has no room of its own, so the next tile's Q waits for the epilogue). 192 measured the same as 176.
 TILES = {
     (64, 128): (192, 2, True),
     (128, 128): (128, 2, False),

@@ -4,8 +4,8 @@ Hopper flash-attention forward: TMA loads into a shared-memory ring guarded by m
 wgmma tensor-core GEMMs, warp specialization, a persistent tile loop.
 
 Work unit: a tile of block_m query rows (TILES: 128, 192 for D64) of one (batch, head), its kv loop in
-blocks of block_n keys (the variant's field). The grid has at most one
-CTA per SM, each running a fixed sequence of tiles (work_item()). Non-causal: in round i, CTA c
+blocks of block_n keys (the variant's field). The grid has at most one CTA per SM, each running a
+fixed sequence of tiles (work_item()). Non-causal: in round i, CTA c
 takes tile i * gridDim.x + c (c reversed in odd rounds: a snake), m_block fastest, so the CTAs of
 one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: whenever there are at
 least gridDim.x pairs; D64: with more (batch, head) pairs than gridDim.x / 2): CTA c takes the pairs
@@ -700,9 +700,9 @@ def _compile(variant, dump_dir: str, keep_ptx: bool):
 def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
     """Compile one sdpa_prefill_sm90 variant: (cubin bytes, kernel symbol, {"dynamic_smem": bytes}).
 
-    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block (threads(D, block_n), 1, 1),
-    grid (min(tiles, SMs), 1, 1) with tiles = ceil(max_seqlen_q / block_m) * heads_q * batch (the kernel is
-    persistent), dynamic_smem bytes of dynamic shared memory.
+    The entry's parameters are exactly aotc.families.sdpa_prefill_sm90.PARAMS; block
+    (threads(D, block_n), 1, 1), grid (min(tiles, SMs), 1, 1) with tiles = ceil(max_seqlen_q / block_m)
+    * heads_q * batch (the kernel is persistent), dynamic_smem bytes of dynamic shared memory.
     """
     _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
     return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]), int(variant["block_n"]))}

@@ -27,9 +27,9 @@ DTYPES = ("fp16", "bf16")
 MAX_GRID_YZ = 65535
 # From this many keys (max_seqlen_kv) on, the Hopper family runs the widest kv tile (block_n) the bundle
 # has for the head dim, below it the narrowest. On the H200 (session 9,
-# benchmarks/results/prefill_experiment_d128_block_n_176.json), D128 at block_n 176 against 128: 1.02-1.05x
-# at S_kv 8192-16384, even at 4096, 0.74-0.93x at 512 (a short kv loop pays the wide tile's partial
-# last block and its Q-staged epilogue).
+# benchmarks/results/prefill_experiment_d128_block_n_176.json), D128 at block_n 176 against 128: 1.02-1.03x
+# (geomean of three same-process runs) at S_kv 8192-16384, even at 4096, 0.74-0.94x at 512 (a short kv
+# loop pays the wide tile's partial last block and its Q-staged epilogue).
 LONG_KV = 8192
 
 
