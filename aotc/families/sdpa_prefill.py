@@ -47,10 +47,6 @@ ATTENTION_FIELDS = (
 )
 
 
-def block_m(head_dim: int) -> int:
-    return TILES[head_dim][0]
-
-
 def _why_invalid(values: dict) -> str | None:
     if values["layout"] == "ragged" and values["strides"] == "packed":
         return "the packed specialization is for dense layouts (ragged offsets come from cu_seqlens)"

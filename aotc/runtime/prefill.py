@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 from ..errors import ArgumentError
-from ..families.sdpa_prefill import block_m
 from . import validate as V
 from .driver import multiprocessor_count
 from .launch import PreparedLaunch
@@ -91,7 +90,6 @@ class PrefillPlan:
             else:
                 self.descriptors = tuple(DescriptorSlot(recipes[n], t[n].ptr) for n in ("q", "k", "v"))
                 values.update({"tma_" + n: d.data for n, d in zip(("q", "k", "v"), self.descriptors)})
-                bm = int(kernel.artifact.launch.extra["block_m"])
         if kernel is None:
             packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
                       and (ls is None or V.is_packed(ls)))
@@ -100,8 +98,8 @@ class PrefillPlan:
             values.update({"q": q_.ptr, "k": k_.ptr, "v": v_.ptr})
             for name, x in (("q", q_), ("k", k_), ("v", v_)):
                 values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = sb(x), ss(x), sh(x)
-            bm = block_m(head_dim)
         self.variant = kernel.variant
+        bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         m_blocks = (seqlen_q + bm - 1) // bm
         if self.descriptors is not None:
             # persistent: one CTA per SM at most, each walks its share of the tiles (the next tile's
