@@ -8,6 +8,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# the errors aotc raises on purpose, importable from the top (aotc.ArgumentError, ...)
+from .common.errors import (AotcError, ArgumentError, ArgumentTypeError, BundleError, CacheError,  # noqa: E402
+                            CompileError, DriverError, LockTimeoutError, MissingArtifactsError, RuntimeLoadError,
+                            SpecError, VersionSkewError)
+
 
 def load(*sources, **kwargs):
     """Load bundles into an aotc.runtime.Runtime: the given paths, or with no argument everything found here.

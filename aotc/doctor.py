@@ -11,7 +11,8 @@ import importlib.metadata as md
 import platform
 import sys
 
-from . import __version__, config
+from . import __version__
+from .common import config
 
 # distributions whose versions matter to aotc (reported when installed; never imported)
 PACKAGES = ("cuda-python", "cuda-bindings", "numpy", "click", "filelock", "platformdirs", "torch", "cupy-cuda12x",
@@ -28,7 +29,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def versions() -> dict:
-    from .versions import dsl_versions
+    from .common.versions import dsl_versions
 
     out = {"aotc": __version__, "python": platform.python_version(), "platform": platform.platform()}
     for name in PACKAGES:
@@ -63,7 +64,7 @@ def gpu() -> dict:
 
 
 def cache() -> dict:
-    from .cache import Cache
+    from .storage.cache import Cache
 
     try:
         c = Cache()
@@ -76,7 +77,7 @@ def cache() -> dict:
 
 def bundles(archs_by_device: dict[int, list[str]]) -> list[dict]:
     """Every bundle aotc.load() would find, read and verified, with the kernels each device can run."""
-    from .bundle import discover_bundles, read_bundle
+    from .storage.bundle import discover_bundles, read_bundle
 
     out = []
     for f in discover_bundles():

@@ -64,7 +64,7 @@ def main() -> None:
     bundle = tmp / "bench.aotc"
     aotc = [sys.executable, "-m", "aotc"]
     sys.path.insert(0, str(ROOT))
-    from aotc.spec import load_spec
+    from aotc.build.spec import load_spec
 
     spec = load_spec(args.spec)
     n = len(spec.variants)
@@ -74,7 +74,7 @@ def main() -> None:
                                        text=True, check=True).stdout)
     stats = json.loads(subprocess.run(aotc + ["cache", "info", "--json"], env=env, capture_output=True, text=True,
                                       check=True).stdout)
-    from aotc.bundle import read_bundle
+    from aotc.storage.bundle import read_bundle
 
     per_variant = {a.variant.name: {"compile_seconds": a.info.get("compile_seconds"), "cubin_bytes": a.size,
                                     "registers": a.info.get("registers")}
@@ -85,8 +85,8 @@ def main() -> None:
         first = next(v for v in spec.variants if v.family == family)
         jits[family] = probe(f"""
 import os; os.environ['CUTE_DSL_NO_CACHE'] = '1'
-from aotc.variant import Variant
-from aotc.compile import compile_variant
+from aotc.common.variant import Variant
+from aotc.build.compile import compile_variant
 art = compile_variant(Variant.from_json({first.to_json()!r}))
 extra = dict(variant=art.variant.name)
 """)

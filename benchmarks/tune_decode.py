@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
     from aotc.kernels import sdpa_decode as kernel
-    from aotc.variant import Variant
+    from aotc.common.variant import Variant
     from benchmarks.tuning import write_tuning_bundle
 
     out = Path(args.out)

@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
     from aotc.families import sdpa_prefill_sm90 as fam
-    from aotc.variant import Variant
+    from aotc.common.variant import Variant
     from benchmarks.tuning import write_tuning_bundle
 
     def variants(D, block_n):

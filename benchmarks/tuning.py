@@ -12,9 +12,9 @@ def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str |
     must never be stored in (or served from) the cache; compile_variant's source check is off for
     the same reason. Prints each kernel's registers, stack frame and shared memory. A configuration
     that does not compile is reported (False) and writes nothing, so a sweep goes on to the next."""
-    from aotc import cubin
-    from aotc.bundle import write_bundle
-    from aotc.compile import compile_variant
+    from aotc.common import cubin
+    from aotc.storage.bundle import write_bundle
+    from aotc.build.compile import compile_variant
 
     arts = []
     try:
@@ -29,7 +29,7 @@ def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str |
         print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
         return False
     if merge_into:
-        from aotc.bundle import read_bundle
+        from aotc.storage.bundle import read_bundle
         tuned = {a.variant.name for a in arts}
         arts += [a for a in read_bundle(merge_into, check_arch=False).artifacts if a.variant.name not in tuned]
     write_bundle(path, arts)

@@ -70,7 +70,7 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def cache(cache_dir):
-    from aotc.cache import Cache
+    from aotc.storage.cache import Cache
 
     return Cache()
 
@@ -79,9 +79,9 @@ def cache(cache_dir):
 def real_artifacts(tmp_path_factory):
     """Artifacts compiled with the real DSL, once per session (about 1-2 s): a list in REAL_VARIANTS order."""
     pytest.importorskip("cutlass")
-    from aotc.build import build
-    from aotc.cache import Cache
-    from aotc.variant import Variant
+    from aotc.build.builder import build
+    from aotc.storage.cache import Cache
+    from aotc.common.variant import Variant
 
     root = tmp_path_factory.mktemp("real-artifacts-cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -109,9 +109,9 @@ def fake_artifact(request):
     The variant is the base's variant plus a ``tag`` field, the key the sha256
     of the suffix.
     """
-    from aotc.artifact import Artifact, sha256_hex
+    from aotc.common.artifact import Artifact, sha256_hex
     from aotc.families import get_family
-    from aotc.variant import Variant
+    from aotc.common.variant import Variant
 
     real = request.getfixturevalue("real_artifacts") if HAVE_DSL else None
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from aotc.abi import KernelABI, LaunchFacts, Param, layout_offsets
+from aotc.common.abi import KernelABI, LaunchFacts, Param, layout_offsets
 from aotc.families.sdpa_combine import PARAMS
 
 

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from aotc.build import build
-from aotc.cache import Cache
+from aotc.build.builder import build
+from aotc.storage.cache import Cache
 from aotc.cli import main
-from aotc.spec import load_spec
-from aotc import config
-from aotc.compile import cache_key
-from aotc.errors import MissingArtifactsError
+from aotc.build.spec import load_spec
+from aotc.common import config
+from aotc.build.compile import cache_key
+from aotc.common.errors import MissingArtifactsError
 from conftest import PYTHON, REPO, aotc_env, lock_held_elsewhere, run_aotc
 
 pytest.importorskip("cutlass")
@@ -134,7 +134,7 @@ def test_one_failing_variant_cli_exit_code(cache_dir, one_variant_breaks, capsys
 
 
 def test_a_crash_outside_aotc_errors_is_one_variants_failure(cache_dir, tiny_spec, monkeypatch):
-    import aotc.build as build_mod
+    import aotc.build.builder as build_mod
 
     variants = load_spec(tiny_spec).variants
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 import aotc
-from aotc.bundle import (FORMAT_VERSION, MANIFEST, member_name, merge_bundles, read_bundle, verify_bundle,
+from aotc.storage.bundle import (FORMAT_VERSION, MANIFEST, member_name, merge_bundles, read_bundle, verify_bundle,
                          write_bundle)
-from aotc.cache import Cache
+from aotc.storage.cache import Cache
 from aotc.cli import main
-from aotc.errors import BundleError, VersionSkewError
+from aotc.common.errors import BundleError, VersionSkewError
 from aotc.families.sdpa_combine import PARAMS as COMBINE_PARAMS
-from aotc.spec import load_spec
+from aotc.build.spec import load_spec
 from conftest import run_aotc, tree
 
 
@@ -471,15 +471,15 @@ def test_install_repairs_a_corrupt_entry(tiny_spec, tmp_path, monkeypatch, capsy
 def test_install_refuses_a_bundle_from_other_versions(tmp_path, cache_dir, real_artifacts, monkeypatch, capsys):
     p = tmp_path / "b.aotc"
     write_bundle(p, real_artifacts[:1])
-    import aotc.compile
-    import aotc.versions
+    import aotc.build.compile
+    import aotc.common.versions
 
-    monkeypatch.setattr(aotc.compile, "dsl_versions", lambda: {"nvidia-cutlass-dsl": "9.9.9"})
-    monkeypatch.setattr(aotc.versions, "dsl_versions", lambda: {"nvidia-cutlass-dsl": "9.9.9"})
+    monkeypatch.setattr(aotc.build.compile, "dsl_versions", lambda: {"nvidia-cutlass-dsl": "9.9.9"})
+    monkeypatch.setattr(aotc.common.versions, "dsl_versions", lambda: {"nvidia-cutlass-dsl": "9.9.9"})
     assert main(["bundle", "install", str(p)]) == 8
     err = capsys.readouterr().err
     assert "nvidia-cutlass-dsl 4.8.1" in err and "nvidia-cutlass-dsl 9.9.9" in err and "rebuild" in err
-    from aotc.cache import Cache
+    from aotc.storage.cache import Cache
 
     assert Cache().keys() == []
 

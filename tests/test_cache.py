@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 import aotc
-import aotc.compile as compile_mod
-from aotc.cache import Cache, atomic_write
-from aotc.errors import CacheError, LockTimeoutError
+import aotc.build.compile as compile_mod
+from aotc.storage.atomic import atomic_write
+from aotc.storage.cache import Cache
+from aotc.common.errors import CacheError, LockTimeoutError
 from aotc.families import Family, get_family
-from aotc.variant import Variant
+from aotc.common.variant import Variant
 from conftest import lock_held_elsewhere
 
 V = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="packed")
@@ -108,7 +109,7 @@ def test_key_is_none_without_dsl_versions(monkeypatch):
 
 
 def test_unknown_dsl_versions_bypass_the_cache(monkeypatch, cache, fake_artifact):
-    import aotc.build as build_mod
+    import aotc.build.builder as build_mod
 
     art = fake_artifact("bypass", key="")
     monkeypatch.setattr(build_mod, "cache_key", lambda v: None)

@@ -6,9 +6,9 @@ import json
 import pytest
 
 import aotc
-from aotc.cache import Cache
+from aotc.storage.cache import Cache
 from aotc.cli import main
-from aotc.spec import load_spec
+from aotc.build.spec import load_spec
 from conftest import run_aotc
 
 
@@ -186,7 +186,7 @@ def test_errors_become_exit_codes_and_messages(cache_dir, tmp_path, capsys):
 def test_cache_ls_marks_entries_from_other_versions(cache_dir, real_artifacts, capsys):
     import dataclasses
 
-    from aotc.cache import Cache
+    from aotc.storage.cache import Cache
 
     art = real_artifacts[0]
     old = dataclasses.replace(art, key="f" * 64, info={**art.info, "versions": {**art.info["versions"],

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from aotc import cubin
-from aotc.abi import layout_offsets
+from aotc.common import cubin
+from aotc.common.abi import layout_offsets
 from aotc.families import KNOWN_ARCHS
 
 
@@ -91,8 +91,8 @@ def test_non_cuda_elf(real_artifacts):
 
 def test_every_known_arch_compiles_to_its_target():
     pytest.importorskip("cutlass")
-    from aotc.compile import compile_variant
-    from aotc.variant import Variant
+    from aotc.build.compile import compile_variant
+    from aotc.common.variant import Variant
 
     for arch in KNOWN_ARCHS:
         v = Variant.make("sdpa_combine", arch, dtype="bf16", head_dim=64, strides="general")
@@ -125,10 +125,10 @@ def test_corrupt_cubins_raise_only_cubin_error(real_artifacts):
 def test_compile_refuses_sources_edited_during_the_compile(monkeypatch):
     """A key names the sources at the time it was made; a cubin compiled after an edit must not be stored under it."""
     pytest.importorskip("cutlass")
-    from aotc.compile import cache_key, compile_variant
-    from aotc.errors import CompileError
+    from aotc.build.compile import cache_key, compile_variant
+    from aotc.common.errors import CompileError
     from aotc.families import Family
-    from aotc.variant import Variant
+    from aotc.common.variant import Variant
 
     v = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=64, strides="general")
     key = cache_key(v)

@@ -8,7 +8,7 @@ import pytest
 
 import aotc
 from aotc import doctor
-from aotc.bundle import write_bundle
+from aotc.storage.bundle import write_bundle
 from aotc.cli import main
 from conftest import PYTHON, REPO, aotc_env, run_aotc
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from aotc.build import build
-from aotc.bundle import read_bundle
-from aotc.cache import Cache
+from aotc.build.builder import build
+from aotc.storage.bundle import read_bundle
+from aotc.storage.cache import Cache
 from aotc.cli import main
-from aotc.compile import cache_key
-from aotc.spec import load_spec
-from aotc.variant import Variant
+from aotc.build.compile import cache_key
+from aotc.build.spec import load_spec
+from aotc.common.variant import Variant
 
 THREE_SPEC = """\
 # 3 sdpa_combine variants for sm_90a
@@ -124,7 +124,7 @@ def test_dask_missing_is_a_clear_error(three_spec, monkeypatch, capsys):
 # ---- build()'s executor path without a cluster (any concurrent.futures executor) --------------------
 def _elsewhere(root: Path, tamper: bool = False, raise_for: Variant | None = None):
     """A compile_task that runs on "another machine": its own cache root, optionally lying about the bytes."""
-    from aotc import executors
+    from aotc.build import executors
 
     real = executors.compile_task
 
@@ -141,7 +141,7 @@ def _elsewhere(root: Path, tamper: bool = False, raise_for: Variant | None = Non
 
 def test_remote_artifacts_are_committed_to_the_local_cache(three_spec, tmp_path, cache_dir, monkeypatch):
     pytest.importorskip("cutlass")
-    from aotc import executors
+    from aotc.build import executors
 
     variants = list(load_spec(three_spec).variants)
     monkeypatch.setattr(executors, "compile_task", _elsewhere(tmp_path / "remote", raise_for=variants[2]))
@@ -156,7 +156,7 @@ def test_remote_artifacts_are_committed_to_the_local_cache(three_spec, tmp_path,
 
 def test_remote_artifacts_with_wrong_bytes_are_refused(three_spec, tmp_path, cache_dir, monkeypatch):
     pytest.importorskip("cutlass")
-    from aotc import executors
+    from aotc.build import executors
 
     v = load_spec(three_spec).variants[0]
     monkeypatch.setattr(executors, "compile_task", _elsewhere(tmp_path / "remote", tamper=True))
@@ -167,7 +167,7 @@ def test_remote_artifacts_with_wrong_bytes_are_refused(three_spec, tmp_path, cac
 
 
 def test_a_worker_with_other_versions_refuses_the_task(cache_dir):
-    from aotc.executors import compile_task
+    from aotc.build.executors import compile_task
 
     v = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=64, strides="general")
     out = compile_task(v.to_json(), "0" * 64, None, None, None)

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aotc.errors import ArgumentError
+from aotc.common.errors import ArgumentError
 from aotc.runtime.combine import CombinePlan
 from aotc.runtime.prefill import check_prefill
 from aotc.runtime.tensors import DTYPES, TensorArg, as_stream, as_tensor, tensor

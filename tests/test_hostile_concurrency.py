@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.cache import Cache
-from aotc.compile import cache_key
-from aotc.spec import load_spec
-from aotc.variant import Variant
+from aotc.storage.cache import Cache
+from aotc.build.compile import cache_key
+from aotc.build.spec import load_spec
+from aotc.common.variant import Variant
 from conftest import HAVE_DSL, PYTHON, REPO, aotc_env, lock_held_elsewhere, run_aotc
 
 needs_dsl = pytest.mark.skipif(not HAVE_DSL, reason="needs nvidia-cutlass-dsl to compile")
@@ -107,7 +107,7 @@ CHURN = textwrap.dedent("""
 @pytest.mark.slow
 def test_readers_never_see_a_bad_artifact_while_another_process_evicts_and_rebuilds(cache_dir, tiny_spec, tmp_path):
     import aotc.runtime
-    from aotc.errors import RuntimeLoadError
+    from aotc.common.errors import RuntimeLoadError
 
     assert run_aotc("build", str(tiny_spec), "-j", "1").returncode == 0
     ref = reference(Cache(), tiny_spec)
@@ -264,7 +264,7 @@ def test_verify_repair_skips_an_entry_another_process_finished_meanwhile(cache_d
 
 @needs_dsl
 def test_cli_install_lock_timeout_exits_6(cache_dir, fake_artifact, tmp_path):
-    from aotc.bundle import write_bundle
+    from aotc.storage.bundle import write_bundle
 
     v = Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="packed")
     art = fake_artifact("install", variant=v, key=cache_key(v))

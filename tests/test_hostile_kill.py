@@ -1,5 +1,5 @@
 """Killed builders: SIGKILL `aotc build` at seeded random points (interpreter start and DSL import,
-compile, commit), and inside commit() through the test-only hook AOTC_TEST_KILL_POINT (aotc/cache.py).
+compile, commit), and inside commit() through the test-only hook AOTC_TEST_KILL_POINT (aotc/storage/atomic.py).
 
 After every kill: `Cache.verify(repair=False)` may report partial entries, but nothing the cache or
 `aotc.runtime.load(cache=True)` serves differs from the reference build, every lock is free at once,
@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.cache import TEST_KILL_POINT_ENV, Cache
-from aotc.compile import cache_key
-from aotc.spec import load_spec
+from aotc.common.config import TEST_KILL_POINT_ENV
+from aotc.storage.cache import Cache
+from aotc.build.compile import cache_key
+from aotc.build.spec import load_spec
 from conftest import HAVE_DSL, PYTHON, REPO, aotc_env
 
 
@@ -56,8 +57,8 @@ BUILDER = textwrap.dedent("""
     def mark(phase):
         os.write(fd, phase.encode() + b"\\n")
     mark("import")
-    import aotc.cache, aotc.families
-    real_module, real_commit = aotc.families.Family.compile_module, aotc.cache.Cache.commit
+    import aotc.storage.cache, aotc.families
+    real_module, real_commit = aotc.families.Family.compile_module, aotc.storage.cache.Cache.commit
     def compile_module(self):
         mark("import")
         m = real_module(self)
@@ -67,7 +68,7 @@ BUILDER = textwrap.dedent("""
         mark("commit")
         real_commit(self, art)
         mark("between")
-    aotc.families.Family.compile_module, aotc.cache.Cache.commit = compile_module, commit
+    aotc.families.Family.compile_module, aotc.storage.cache.Cache.commit = compile_module, commit
     sys.argv = ["aotc", *sys.argv[2:]]
     runpy.run_module("aotc", run_name="__main__", alter_sys=True)
     """)
@@ -138,7 +139,7 @@ def test_sigkill_builders_at_random_points(tmp_path, capsys, monkeypatch):
     import filelock
 
     import aotc.runtime
-    from aotc.errors import RuntimeLoadError
+    from aotc.common.errors import RuntimeLoadError
 
     spec = tmp_path / "two.toml"
     spec.write_text(SPEC2)
@@ -324,10 +325,10 @@ def test_sigkill_builders_at_random_points(tmp_path, capsys, monkeypatch):
 # ---- the pieces the trials rely on ----------------------------------------
 
 def test_kill_point_hook_fires_only_at_its_point_and_count():
-    code = ("from aotc import cache\n"
-            "cache._test_kill_point('after_cubin'); print('first', flush=True)\n"
-            "cache._test_kill_point('after_meta'); print('other point', flush=True)\n"
-            "cache._test_kill_point('after_cubin'); print('second', flush=True)\n")
+    code = ("from aotc.storage import atomic\n"
+            "atomic.test_kill_point('after_cubin'); print('first', flush=True)\n"
+            "atomic.test_kill_point('after_meta'); print('other point', flush=True)\n"
+            "atomic.test_kill_point('after_cubin'); print('second', flush=True)\n")
     r = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=aotc_env(**{TEST_KILL_POINT_ENV: "after_cubin:2"}),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL and r.stdout.split() == ["first", "other", "point"]

@@ -9,7 +9,7 @@ pytest.importorskip("cutlass")
 
 from aotc.families.sdpa_combine import PARAMS  # noqa: E402
 from aotc.kernels import sdpa_combine as kernel  # noqa: E402
-from aotc.variant import Variant  # noqa: E402
+from aotc.common.variant import Variant  # noqa: E402
 
 CASES = [
     ("sm_90a", "bf16", 128, "packed"),

@@ -7,11 +7,11 @@ import pytest
 os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
 pytest.importorskip("cutlass")
 
-from aotc import cubin as cubin_mod  # noqa: E402
-from aotc.abi import KernelABI  # noqa: E402
+from aotc.common import cubin as cubin_mod  # noqa: E402
+from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families.sdpa_prefill import PARAMS, TILES  # noqa: E402
 from aotc.kernels import sdpa_prefill as kernel  # noqa: E402
-from aotc.variant import Variant  # noqa: E402
+from aotc.common.variant import Variant  # noqa: E402
 
 CASES = [
     # arch, dtype, head_dim, layout, causal, strides

@@ -7,12 +7,12 @@ import pytest
 os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
 pytest.importorskip("cutlass")
 
-from aotc import cubin as cubin_mod  # noqa: E402
-from aotc.abi import KernelABI  # noqa: E402
+from aotc.common import cubin as cubin_mod  # noqa: E402
+from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
 from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, threads, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
-from aotc.variant import Variant  # noqa: E402
+from aotc.common.variant import Variant  # noqa: E402
 
 CASES = [  # dtype, head_dim, layout, causal, block_n
     ("bf16", 128, "dense", True, 128),

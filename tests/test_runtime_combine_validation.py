@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from aotc.errors import ArgumentError
+from aotc.common.errors import ArgumentError
 from aotc.runtime.combine import CombinePlan, layout_key
 from aotc.runtime.tensors import tensor
 from aotc.runtime.validate import is_packed, packed_strides

@@ -27,7 +27,7 @@ def run(code: str) -> subprocess.CompletedProcess:
 def test_runtime_imports_without_cutlass_or_torch():
     r = run("""
 import aotc, aotc.runtime, aotc.runtime.combine, aotc.runtime.launch, aotc.runtime.loader, aotc.runtime.driver
-import aotc.bundle, aotc.cache
+import aotc.storage.bundle, aotc.storage.cache
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch'))
 print('LOADED', bad)
 """)
@@ -43,10 +43,10 @@ def test_blocking_actually_blocks():
 
 def test_runtime_reads_a_bundle_without_the_dsl(tmp_path):
     pytest.importorskip("cutlass")
-    from aotc.build import build
-    from aotc.bundle import write_bundle
-    from aotc.cache import Cache
-    from aotc.variant import Variant
+    from aotc.build.builder import build
+    from aotc.storage.bundle import write_bundle
+    from aotc.storage.cache import Cache
+    from aotc.common.variant import Variant
 
     report = build([Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="packed")],
                    cache=Cache(tmp_path / "cache"))
@@ -68,8 +68,8 @@ def test_runtime_ignores_kernels_built_with_another_parameter_list(fake_artifact
     import dataclasses
 
     import aotc.runtime as rt_mod
-    from aotc.abi import KernelABI
-    from aotc.errors import RuntimeLoadError
+    from aotc.common.abi import KernelABI
+    from aotc.common.errors import RuntimeLoadError
     from aotc.runtime import driver
 
     current = fake_artifact("current")

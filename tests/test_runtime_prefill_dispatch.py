@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 
 import aotc.runtime as rt_mod
-from aotc.abi import LaunchFacts
-from aotc.errors import ArgumentError
+from aotc.common.abi import LaunchFacts
+from aotc.common.errors import ArgumentError
 from aotc.families import get_family
 from aotc.runtime import driver, tma
 from aotc.runtime.prefill import HOPPER, LONG_KV, hopper_candidates, hopper_recipes
-from aotc.variant import Variant
+from aotc.common.variant import Variant
 
 
 def fake_kernel(layout: str, head_dim: int = 128):

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from aotc.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+from aotc.common.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from aotc.runtime import tensors as T  # noqa: E402
 from aotc.runtime.tensors import DTYPES, TensorArg, as_stream, as_tensor, tensor  # noqa: E402
 
@@ -666,11 +666,11 @@ def test_module_imports_only_stdlib():
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     imported.discard("__future__")
-    assert "aotc" in imported  # aotc.errors
+    assert "aotc" in imported  # aotc.common.errors
     imported.discard("aotc")
     assert imported <= sys.stdlib_module_names, imported - sys.stdlib_module_names
     aotc_imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module.startswith("aotc")}
-    assert aotc_imports == {"aotc.errors"}
+    assert aotc_imports == {"aotc.common.errors"}
 
 
 def test_import_leaves_heavy_modules_out():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from aotc.bundle import MANIFEST, read_bundle, verify_bundle
+from aotc.storage.bundle import MANIFEST, read_bundle, verify_bundle
 from aotc.cli import main
-from aotc.shard import STRATEGIES, ShardError, assign, parse_shard, select
-from aotc.spec import load_spec
+from aotc.build.shard import STRATEGIES, ShardError, assign, parse_shard, select
+from aotc.build.spec import load_spec
 from conftest import run_aotc
 
 SIX_SPEC = """\

@@ -9,10 +9,10 @@ import pytest
 
 from aotc import families
 from aotc.cli import main
-from aotc.errors import SpecError
+from aotc.common.errors import SpecError
 from aotc.families.sdpa_combine import FAMILY as COMBINE
-from aotc.spec import DEFAULT_SPEC, load_spec
-from aotc.variant import Variant
+from aotc.build.spec import DEFAULT_SPEC, load_spec
+from aotc.common.variant import Variant
 
 
 def write(tmp_path, text: str, name: str = "s.toml"):

@@ -266,7 +266,7 @@ def test_graph_has_the_custom_ops_and_no_breaks(ref):
 # ---- the module-level runtime ------------------------------------------------------------------------
 def test_get_runtime_loads_aotc_load_once(tmp_path, monkeypatch, fake_artifact):
     pytest.importorskip("cutlass")  # real cubins
-    from aotc.bundle import write_bundle
+    from aotc.storage.bundle import write_bundle
 
     arts = [fake_artifact("a"), fake_artifact("b")]
     write_bundle(tmp_path / "x.aotc", arts)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import aotc
-from aotc.bundle import ENTRY_POINT_GROUP, discover_bundles, installed_bundles, read_bundle, write_bundle
+from aotc.storage.bundle import ENTRY_POINT_GROUP, discover_bundles, installed_bundles, read_bundle, write_bundle
 from aotc.cli import main
-from aotc.errors import BundleError, RuntimeLoadError
-from aotc.wheel import build_wheel
+from aotc.common.errors import BundleError, RuntimeLoadError
+from aotc.build.wheel import build_wheel
 from conftest import PYTHON, REPO, aotc_env
 
 
@@ -211,7 +211,7 @@ def test_a_missing_file_from_an_entry_point(tmp_path, monkeypatch):
 
 
 def test_no_argument_load_also_takes_the_cache(tmp_path, cache_dir, fake_artifact, tiny_bundle, monkeypatch):
-    from aotc.cache import Cache
+    from aotc.storage.cache import Cache
     from aotc.runtime import load
 
     c = Cache()

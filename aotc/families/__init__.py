@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..abi import KernelABI, LaunchFacts, Param
-from ..variant import Variant
+from ..common.abi import KernelABI, LaunchFacts, Param
+from ..common.variant import Variant
 
 KNOWN_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
 
@@ -54,8 +54,9 @@ class Family:
         # helper, which picks the ptxas level from the cubin reader's stack-frame figure, and shared
         # kernel code) and the cubin reader; not the registry, so adding a family rebuilds nothing else
         kernels = here.parent / "kernels"
-        files = [here / f"{self.name}.py", here.parent / "abi.py", kernels / f"{self.name}.py",
-                 *sorted(p for p in kernels.glob("_*.py") if p.name != "__init__.py"), here.parent / "cubin.py"]
+        common = here.parent / "common"
+        files = [here / f"{self.name}.py", common / "abi.py", kernels / f"{self.name}.py",
+                 *sorted(p for p in kernels.glob("_*.py") if p.name != "__init__.py"), common / "cubin.py"]
         for path in files:
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes() if path.exists() else b"<missing>")

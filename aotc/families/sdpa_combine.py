@@ -17,8 +17,8 @@ specialization promises that O is contiguous [B, S_q, H, D] and LSE contiguous
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param
-from ..variant import Variant
+from ..common.abi import LaunchFacts, Param
+from ..common.variant import Variant
 from . import KNOWN_ARCHS, Family, Field, register
 
 THREADS = 128

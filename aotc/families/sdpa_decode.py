@@ -28,8 +28,8 @@ plan, and every launch leaves them 0.
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param, has_grid_dependency_control
-from ..variant import Variant
+from ..common.abi import LaunchFacts, Param, has_grid_dependency_control
+from ..common.variant import Variant
 from . import Family, Field, register
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")

@@ -16,8 +16,8 @@ ignores the stride parameters (32-bit offsets within a batch).
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param
-from ..variant import Variant
+from ..common.abi import LaunchFacts, Param
+from ..common.variant import Variant
 from . import Family, Field, register
 
 # (block_m, block_n, warps) per head dim: the tile shapes the kernel uses.

@@ -23,8 +23,8 @@ padding tokens of *another* sequence would (0 * Inf), where the portable family 
 """
 from __future__ import annotations
 
-from ..abi import LaunchFacts, Param
-from ..variant import Variant
+from ..common.abi import LaunchFacts, Param
+from ..common.variant import Variant
 from . import Family, Field, register
 from .sdpa_prefill import ATTENTION_FIELDS
 

@@ -7,8 +7,8 @@ from typing import Any, Callable
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 
-from .. import cubin as cubin_reader
-from ..abi import Param
+from ..common import cubin as cubin_reader
+from ..common.abi import Param
 
 # ptxas optimization levels tried in order: at ~255 registers -O3 sometimes hoists loads far enough to
 # spill a few values, where -O2/-O1 do not; the first level with no stack frame wins

@@ -85,7 +85,7 @@ from cutlass.memory import SmemAllocator
 from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
 from ._attention import (ATOM_COLS, DTYPES, LN_2, LOG2_E, NEG_INF, VEC, acc_mn_view, acc_to_a_operand,
                          make_g2s, opaque_i32, quad_allreduce, smem_tile_layout, softmax_row)
-from ..abi import has_grid_dependency_control
+from ..common.abi import has_grid_dependency_control
 from ._compile import check_param_kinds, compile_least_spilling, placeholders
 
 

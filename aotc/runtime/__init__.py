@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from ..artifact import Artifact
-from ..errors import RuntimeLoadError
+from ..common.artifact import Artifact
+from ..common.errors import RuntimeLoadError
 from .tensors import TensorArg, as_stream, as_tensor, tensor
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
@@ -215,8 +215,8 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
     installed one names its entry point) and RuntimeLoadError when nothing is
     found.
     """
-    from ..bundle import discover_bundles, read_bundle
-    from ..errors import BundleError
+    from ..storage.bundle import discover_bundles, read_bundle
+    from ..common.errors import BundleError
 
     t0 = time.perf_counter()
     if sources:
@@ -238,7 +238,7 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
             raise
         names.append(str(p))
     if use_cache:
-        from ..cache import Cache
+        from ..storage.cache import Cache
 
         c = Cache()
         n = len(artifacts)
@@ -262,7 +262,7 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
 
 def _installed(found) -> list[tuple[Path, str]]:
     """(path, origin) pairs; a discovery problem is raised as a BundleError naming its origin."""
-    from ..errors import BundleError
+    from ..common.errors import BundleError
 
     out = []
     for f in found:

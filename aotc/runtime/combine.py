@@ -12,7 +12,7 @@ fp32 [B, H, S_q] or None.
 """
 from __future__ import annotations
 
-from ..errors import ArgumentError
+from ..common.errors import ArgumentError
 from ..families.sdpa_combine import choose_split_groups
 from . import driver
 from . import validate as V

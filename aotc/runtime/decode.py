@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ArgumentError
+from ..common.errors import ArgumentError
 from ..families.sdpa_decode import KV_CHOICES, MAX_SEQLEN_Q, ROWS_PER_CTA
 from . import validate as V
 from .launch import PreparedLaunch

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from ..errors import DriverError
+from ..common.errors import DriverError
 
 try:
     from cuda.bindings import driver as cu

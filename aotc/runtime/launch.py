@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-from ..abi import KernelABI, layout_offsets
+from ..common.abi import KernelABI, layout_offsets
 from . import driver
 from .loader import LoadedKernel
 

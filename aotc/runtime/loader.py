@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import threading
 
-from .. import cubin
-from ..artifact import Artifact
-from ..errors import DriverError, RuntimeLoadError
+from ..common import cubin
+from ..common.artifact import Artifact
+from ..common.errors import DriverError, RuntimeLoadError
 from . import driver
 from .driver import check, cu
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ArgumentError
+from ..common.errors import ArgumentError
 from . import validate as V
 from .driver import multiprocessor_count
 from .launch import PreparedLaunch

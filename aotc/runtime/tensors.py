@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from aotc.errors import ArgumentError, ArgumentTypeError
+from aotc.common.errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["DTYPES", "TensorArg", "tensor", "as_tensor", "as_stream"]
 

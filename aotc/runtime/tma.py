@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..errors import ArgumentError
+from ..common.errors import ArgumentError
 from .driver import check, cu, init
 
 DESCRIPTOR_BYTES = 128

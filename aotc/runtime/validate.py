@@ -2,7 +2,7 @@
 the value and what was expected, before anything launches."""
 from __future__ import annotations
 
-from ..errors import ArgumentError
+from ..common.errors import ArgumentError
 from .tensors import TensorArg
 
 INT32_MAX = (1 << 31) - 1

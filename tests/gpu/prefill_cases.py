@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from aotc.errors import ArgumentError
+from aotc.common.errors import ArgumentError
 from common import check_close
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -215,7 +215,7 @@ def run_bad_arguments(rt, family):
 
 def bundle_artifacts():
     """The default bundle's artifacts (to build runtimes holding a subset of them)."""
-    from aotc.bundle import read_bundle
+    from aotc.storage.bundle import read_bundle
     from conftest import BUNDLE
 
     return read_bundle(BUNDLE).artifacts

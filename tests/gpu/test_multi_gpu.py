@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from aotc.errors import ArgumentError
+from aotc.common.errors import ArgumentError
 from common import check_close
 
 pytestmark = pytest.mark.gpu

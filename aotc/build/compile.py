@@ -9,16 +9,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import tempfile
 import time
 
-from . import __version__, cubin
-from .artifact import Artifact, sha256_hex
-from .errors import CompileError
-from .families import get_family
-from .variant import Variant
-from .versions import dsl_versions, producer_versions
+from .. import __version__
+from ..common import config, cubin
+from ..common.artifact import Artifact, sha256_hex
+from ..common.errors import CompileError
+from ..families import get_family
+from ..common.variant import Variant
+from ..common.versions import dsl_versions, producer_versions
 
 # Options every compile passes besides --gpu-arch; part of the cache key.
 COMPILE_OPTIONS = ""
@@ -48,7 +48,7 @@ def compile_variant(variant: Variant, key: str | None = None, *, check_sources: 
     key: the artifact's key (default: the cache key of the variant and its family's sources). Unless
     check_sources is False (a tuning build that patches the family on purpose and names its cubins
     with keys of its own), a key that no longer matches the sources after the compile is refused."""
-    os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")  # aotc's cache sits above the DSL's; keep one copy
+    config.disable_dsl_cache()
     fam = get_family(variant.family)
     key = key or cache_key(variant) or ""
     try:

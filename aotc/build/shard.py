@@ -22,8 +22,8 @@ import hashlib
 import re
 from typing import Iterable, Sequence
 
-from .errors import SpecError
-from .variant import Variant
+from ..common.errors import SpecError
+from ..common.variant import Variant
 
 STRATEGIES = ("balanced", "hash")
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .artifact import Artifact
-from .cache import Cache
+from ..common.artifact import Artifact
+from ..storage.cache import Cache
 from .compile import cache_key, compile_variant
-from .errors import AotcError, MissingArtifactsError
-from .variant import Variant
+from ..common.errors import AotcError, MissingArtifactsError
+from ..common.variant import Variant
 
 
 @dataclass

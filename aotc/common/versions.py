@@ -5,7 +5,7 @@ import functools
 import importlib.metadata as md
 import sys
 
-from . import __version__
+from .. import __version__
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import os
 import socket
 import threading
 from typing import Iterator
 
-from .errors import AotcError
+from ..common import config
+from ..common.errors import AotcError
 
 KINDS = ("process", "dask")
 
@@ -62,13 +62,13 @@ def compile_task(variant_json: dict, key: str, root: str | None, lock_dir: str |
     """
     from pathlib import Path
 
-    from .build import _compile_into_cache
-    from .cache import Cache
+    from .builder import _compile_into_cache
+    from ..storage.cache import Cache
     from .compile import cache_key
-    from .variant import Variant
-    from .versions import producer_versions
+    from ..common.variant import Variant
+    from ..common.versions import producer_versions
 
-    os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
+    config.disable_dsl_cache()
     host = socket.gethostname()
     out = {"status": "failed", "seconds": 0.0, "error": "", "host": host, "header": None, "cubin": None}
     try:
@@ -109,7 +109,7 @@ class DaskExecutor:
         except ImportError:
             raise ExecutorError("--executor dask needs Dask distributed",
                                 hint="pip install 'aotc[dask]'  (dask[distributed])") from None
-        scheduler = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or "local"
+        scheduler = scheduler or config.dask_scheduler() or "local"
         self.local = scheduler == "local"
         self.cluster = None
         try:

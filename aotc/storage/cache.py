@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import time
 import uuid
 from contextlib import contextmanager
@@ -27,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import config
-from .artifact import Artifact, sha256_hex
-from .errors import CacheError, LockTimeoutError
-from .variant import Variant
+from ..common import config
+from ..common.artifact import Artifact, sha256_hex
+from ..common.errors import CacheError, LockTimeoutError
+from ..common.variant import Variant
+from .atomic import atomic_write, test_kill_point
 
 LAYOUT = "v1"
 COUNTERS = ("hits", "misses", "compiles", "bypassed", "invalid")
@@ -41,45 +41,6 @@ def _checked(key: str) -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise CacheError(f"not a cache key: {key!r} (expected 64 lowercase hex digits)")
     return key
-
-
-# ---- test-only fault injection ---------------------------------------------------------------
-# AOTC_TEST_KILL_POINT=<point>[:<n>] makes the process SIGKILL itself the n-th time (default: the first)
-# commit() reaches <point>, so tests/test_hostile_kill.py can land kills inside the few milliseconds of a
-# commit. Points, in commit order: before_cubin (entry uncommitted, nothing written), after_cubin_tmp
-# (cubin under its temporary name), after_cubin (cubin in place, no meta.json), after_meta_tmp (meta.json
-# under its temporary name), after_meta (committed, lock still held). Never set it outside tests; the
-# variable is read only when it is set, and costs one dict lookup per commit otherwise.
-TEST_KILL_POINT_ENV = "AOTC_TEST_KILL_POINT"
-_test_kill_hits: dict[str, int] = {}
-
-
-def _test_kill_point(point: str) -> None:
-    spec = os.environ.get(TEST_KILL_POINT_ENV)
-    if not spec:
-        return
-    name, _, nth = spec.partition(":")
-    if name != point:
-        return
-    _test_kill_hits[point] = _test_kill_hits.get(point, 0) + 1
-    if _test_kill_hits[point] >= int(nth or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def atomic_write(path: Path, data: bytes, *, _test_point: str = "") -> None:
-    """Write to a temporary name in the same directory, fsync, then os.replace."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if _test_point:
-            _test_kill_point(_test_point)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @dataclass
@@ -248,12 +209,12 @@ class Cache:
         (d / "meta.json").unlink(missing_ok=True)  # uncommit first if we are repairing
         for stale in d.glob(".*.tmp-*"):  # left by a writer killed mid-commit (we hold the key's lock)
             stale.unlink(missing_ok=True)
-        _test_kill_point("before_cubin")
+        test_kill_point("before_cubin")
         atomic_write(d / "kernel.cubin", art.cubin, _test_point="after_cubin_tmp")
-        _test_kill_point("after_cubin")
+        test_kill_point("after_cubin")
         atomic_write(d / "meta.json", json.dumps(art.header(), sort_keys=True, indent=1).encode(),
                      _test_point="after_meta_tmp")
-        _test_kill_point("after_meta")
+        test_kill_point("after_meta")
 
     def get_or_create(self, key: str, variant: Variant, create: Callable[[], Artifact]) -> tuple[Artifact, bool]:
         """check -> lock -> recheck -> create -> commit. Returns (artifact, created)."""

@@ -24,11 +24,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import SpecError
-from .families import KNOWN_ARCHS, get_family
-from .variant import Variant
+from ..common.errors import SpecError
+from ..families import KNOWN_ARCHS, get_family
+from ..common.variant import Variant
 
-DEFAULT_SPEC = Path(__file__).resolve().parent / "data" / "default.toml"
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "data" / "default.toml"
 
 
 @dataclass(frozen=True)

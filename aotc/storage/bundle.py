@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from . import __version__, config
-from .artifact import Artifact
-from .cache import atomic_write
-from .errors import AotcError, BundleError, VersionSkewError
-from .versions import producer_versions
+from .. import __version__
+from ..common import config
+from ..common.artifact import Artifact
+from ..common.errors import AotcError, BundleError, VersionSkewError
+from ..common.versions import producer_versions
+from .atomic import atomic_write
 
 FORMAT = "aotc-bundle"
 FORMAT_VERSION = 1
@@ -193,7 +194,7 @@ def _read(path: str | Path, *, check_arch: bool, collect: bool) -> tuple[list[st
                 fail(f"member {member!r}: key {art.key[:80]!r} is not a cache key (64 hex digits)")
                 continue
             if check_arch:
-                from . import cubin
+                from ..common import cubin
 
                 try:
                     arch = cubin.parse(art.cubin).arch
@@ -254,36 +255,6 @@ class IncompleteError(AotcError):
     """A merge that misses variants it was told to expect (exit code 1: a check failed)."""
 
     exit_code = 1
-
-
-def install_bundle(path: str | Path, cache) -> int:
-    """Put a bundle's verified kernels into `cache`; returns how many were new.
-
-    Entries go under the key this aotc computes for each variant, so a bundle
-    from other aotc/DSL versions (whose kernels local builds would never look
-    up) is refused with a message naming both sides' versions.
-    """
-    from .compile import cache_key
-    from .versions import producer_versions
-
-    b = read_bundle(path)
-    n = 0
-    for a in b.artifacts:
-        key = cache_key(a.variant) or a.key  # no DSL here: keep the producer's key
-        if key != a.key:
-            made = b.manifest.get("producer", {})
-            raise VersionSkewError(
-                f"bundle {path}: {a.variant.name} was built by {_versions(made)}; this machine has "
-                f"{_versions(producer_versions())}, so its cache would never look the kernel up",
-                hint=f"rebuild here (aotc build SPEC) or install aotc/DSL versions matching the bundle; "
-                     f"the runtime can still load the bundle itself: aotc.runtime.load({str(path)!r})")
-        _, created = cache.fill(key, a.variant, lambda a=a: a)
-        n += created
-    return n
-
-
-def _versions(v: dict) -> str:
-    return ", ".join(f"{k} {v[k]}" for k in sorted(v)) if isinstance(v, dict) else "unknown versions"
 
 
 def default_bundle_files() -> list[Path]:

@@ -25,10 +25,10 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from . import __version__
-from .bundle import ENTRY_POINT_GROUP, read_bundle
-from .cache import atomic_write
-from .errors import AotcError
+from .. import __version__
+from ..storage.bundle import ENTRY_POINT_GROUP, read_bundle
+from ..storage.atomic import atomic_write
+from ..common.errors import AotcError
 
 # PEP 508 names; PEP 440 versions (the canonical public form, plus local labels)
 _NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)

@@ -49,6 +49,24 @@ def max_member_bytes() -> int:
     return int(os.environ.get("AOTC_BUNDLE_MAX_MEMBER_BYTES", str(256 << 20)))
 
 
+def dask_scheduler() -> str | None:
+    """DASK_SCHEDULER_ADDRESS: the Dask scheduler `aotc build --executor dask` uses without --scheduler."""
+    return os.environ.get("DASK_SCHEDULER_ADDRESS") or None
+
+
+def disable_dsl_cache() -> None:
+    """CUTE_DSL_NO_CACHE=1 (unless the user set it): aotc's cache sits above the DSL's own; keep one copy."""
+    os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
+
+
+TEST_KILL_POINT_ENV = "AOTC_TEST_KILL_POINT"
+
+
+def test_kill_point() -> str:
+    """AOTC_TEST_KILL_POINT=<point>[:<n>]: tests only (aotc.storage.atomic.test_kill_point)."""
+    return os.environ.get(TEST_KILL_POINT_ENV, "")
+
+
 def max_bundle_bytes() -> int:
     """AOTC_BUNDLE_MAX_BYTES: largest total uncompressed size of a bundle (default 4 GiB)."""
     return int(os.environ.get("AOTC_BUNDLE_MAX_BYTES", str(4 << 30)))

@@ -1,0 +1,88 @@
+"""`aotc bundle diff`: member-by-member comparison of two bundles by variant name."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from aotc.cli import main
+from aotc.common.artifact import sha256_hex
+from aotc.storage.bundle import write_bundle
+from aotc.storage.bundle_diff import diff_bundles
+
+
+def _with_cubin(art, data: bytes):
+    return dataclasses.replace(art, cubin=data, sha256=sha256_hex(data))
+
+
+@pytest.fixture
+def base(tmp_path, real_artifacts):
+    path = tmp_path / "a.aotc"
+    write_bundle(path, real_artifacts)
+    return path
+
+
+def test_identical_bundles_exit_0(base, tmp_path, real_artifacts, capsys):
+    other = tmp_path / "b.aotc"
+    write_bundle(other, real_artifacts)
+    assert main(["bundle", "diff", str(base), str(other)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(real_artifacts)} identical, 0 changed, 0 only in A, 0 only in B" in out
+
+
+def test_new_keys_alone_are_not_a_difference(base, tmp_path, real_artifacts, capsys):
+    """Moving a source file changes every cache key but no cubin: diff says so and exits 0."""
+    other = tmp_path / "b.aotc"
+    write_bundle(other, [dataclasses.replace(a, key=hashlib.sha256(a.key.encode()).hexdigest()) for a in real_artifacts])
+    d = diff_bundles(base, other)
+    assert d.same and d.keys_differ == len(real_artifacts)
+    assert main(["bundle", "diff", str(base), str(other)]) == 0
+    assert f"cache keys differ for {len(real_artifacts)}" in capsys.readouterr().out
+
+
+def test_every_kind_of_difference_is_named(base, tmp_path, real_artifacts, capsys):
+    first, second, *rest = real_artifacts
+    changed_cubin = _with_cubin(first, first.cubin + b"\0extra")
+    changed_launch = dataclasses.replace(second, launch=dataclasses.replace(
+        second.launch, dynamic_smem=second.launch.dynamic_smem + 1024,
+        extra={**second.launch.extra, "block_m": 999}))
+    other = tmp_path / "b.aotc"
+    write_bundle(other, [changed_cubin, changed_launch])  # the rest: only in A
+    assert main(["bundle", "diff", str(base), str(other), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["same"]
+    assert set(report["changed"]) == {first.variant.name, second.variant.name}
+    cub = report["changed"][first.variant.name]
+    assert cub["sha256"] == [first.sha256, changed_cubin.sha256]
+    assert cub["size"] == [first.size, first.size + 6]
+    lau = report["changed"][second.variant.name]
+    assert lau["launch.dynamic_smem"] == [second.launch.dynamic_smem, second.launch.dynamic_smem + 1024]
+    assert lau["launch.extra.block_m"] == [second.launch.extra.get("block_m"), 999]
+    assert "sha256" not in lau
+    assert report["only_a"] == sorted(a.variant.name for a in rest)
+    assert report["only_b"] == []
+    # and the text form names the same things
+    assert main(["bundle", "diff", str(other), str(base)]) == 1
+    text = capsys.readouterr().out
+    assert f"changed {second.variant.name}:" in text and "launch.dynamic_smem" in text
+    assert all(f"only in B: {a.variant.name}" in text for a in rest)
+
+
+def test_abi_differences(base, tmp_path, real_artifacts):
+    first = real_artifacts[0]
+    abi = dataclasses.replace(first.abi, symbol=first.abi.symbol + "_x", params=first.abi.params[:-1])
+    other = tmp_path / "b.aotc"
+    write_bundle(other, [dataclasses.replace(first, abi=abi), *real_artifacts[1:]])
+    d = diff_bundles(base, other).changed[first.variant.name]
+    assert set(d) == {"abi.symbol", "abi.params"}
+    assert d["abi.params"][0].startswith(f"{len(first.abi.params)} params")
+    assert d["abi.params"][1].startswith(f"{len(first.abi.params) - 1} params")
+
+
+def test_a_bad_bundle_is_a_bundle_error(base, tmp_path, capsys):
+    bad = tmp_path / "bad.aotc"
+    bad.write_bytes(b"not a zip")
+    assert main(["bundle", "diff", str(base), str(bad)]) == 7
+    assert "not a readable zip file" in capsys.readouterr().err
