@@ -57,6 +57,7 @@ def test_every_kind_of_difference_is_named(base, tmp_path, real_artifacts, capsy
     cub = report["changed"][first.variant.name]
     assert cub["sha256"] == [first.sha256, changed_cubin.sha256]
     assert cub["size"] == [first.size, first.size + 6]
+    assert cub["machine_code"] == ["identical", "identical"]  # bytes appended past the ELF: same code
     lau = report["changed"][second.variant.name]
     assert lau["launch.dynamic_smem"] == [second.launch.dynamic_smem, second.launch.dynamic_smem + 1024]
     assert lau["launch.extra.block_m"] == [second.launch.extra.get("block_m"), 999]
@@ -86,3 +87,18 @@ def test_a_bad_bundle_is_a_bundle_error(base, tmp_path, capsys):
     bad.write_bytes(b"not a zip")
     assert main(["bundle", "diff", str(base), str(bad)]) == 7
     assert "not a readable zip file" in capsys.readouterr().err
+
+
+def test_machine_code_digest_tells_renames_from_code_changes(real_artifacts):
+    """Two different real kernels have different machine code; one cubin with a renamed symbol has the same."""
+    from aotc.common import cubin
+    from aotc.storage.bundle_diff import machine_code
+
+    a, b = real_artifacts[0], real_artifacts[1]
+    assert machine_code(a) != machine_code(b)
+    sym = a.abi.symbol.encode()
+    renamed_bytes = a.cubin.replace(sym, sym[:-1] + (b"X" if sym[-1:] != b"X" else b"Y"))
+    assert renamed_bytes != a.cubin
+    renamed = _with_cubin(a, renamed_bytes)
+    assert list(cubin.parse(renamed.cubin).kernels) != list(cubin.parse(a.cubin).kernels)
+    assert machine_code(renamed) == machine_code(a)

@@ -6,6 +6,7 @@ machines without a GPU. The runtime checks again with cuKernelGetParamInfo.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass, field
 
@@ -36,6 +37,9 @@ class KernelInfo:
     frame_bytes: int = 0
     static_smem: int = 0
     max_threads: tuple[int, int, int] | None = None
+    # sha256 of the kernel's machine code (its .text section): equal for two cubins that differ only in
+    # names (the symbol, ELF metadata), so `aotc bundle diff` can tell a rename from a code change
+    code_sha256: str = ""
 
 
 @dataclass
@@ -105,7 +109,9 @@ def _parse(data: bytes) -> CubinInfo:
     kernels: dict[str, KernelInfo] = {}
     for name in named:
         if name.startswith(".text."):
-            kernels[name[len(".text."):]] = KernelInfo(name[len(".text."):])
+            sec = named[name]
+            kernels[name[len(".text."):]] = KernelInfo(
+                name[len(".text."):], code_sha256=hashlib.sha256(data[sec[2]:sec[2] + sec[3]]).hexdigest())
     for kname, k in kernels.items():
         shared = named.get(f".nv.shared.{kname}")
         if shared is not None:

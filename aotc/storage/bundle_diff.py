@@ -3,7 +3,9 @@
 Each variant present in both is compared on what the runtime launches: the cubin (sha256, size), the
 ABI (symbol, parameter names and kinds) and the launch facts (block, cluster, dynamic shared memory,
 grid rule and every extra fact such as block_m or a TMA recipe). A variant in only one of them is a
-difference too. Cache keys are reported but are not a difference: they change whenever a kernel's
+difference too. Where two cubins differ, their machine code is compared as well (each kernel's
+instructions, registers and shared memory, read off the ELF): a kernel that only got another symbol
+name says "machine code identical". Cache keys are reported but are not a difference: they change whenever a kernel's
 source files or the producer's versions change, also when the cubin does not (moving a file, editing
 a comment), which is exactly what a refactoring wants to see through.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common import cubin
 from ..common.artifact import Artifact
 from .bundle import read_bundle
 
@@ -36,7 +39,9 @@ class BundleDiff:
         return {
             "a": self.a, "b": self.b, "same": self.same,
             "counts": {"identical": len(self.identical), "changed": len(self.changed), "only_a": len(self.only_a),
-                       "only_b": len(self.only_b), "keys_differ": self.keys_differ},
+                       "only_b": len(self.only_b), "keys_differ": self.keys_differ,
+                       "same_machine_code": sum(d.get("machine_code", ("",))[0] == "identical"
+                                                for d in self.changed.values())},
             "only_a": self.only_a, "only_b": self.only_b,
             "changed": {name: {what: list(ab) for what, ab in d.items()} for name, d in self.changed.items()},
             "producers": {"a": self.producers[0], "b": self.producers[1]},
@@ -52,7 +57,12 @@ class BundleDiff:
         lines += [f"only in B: {n}" for n in self.only_b]
         for name, d in self.changed.items():
             lines.append(f"changed {name}:")
-            lines += [f"  {what}: {_short(a)} -> {_short(b)}" for what, (a, b) in d.items()]
+            lines += [f"  {what}: {_short(a)} -> {_short(b)}" if what != "machine_code" else f"  machine code {a}"
+                      for what, (a, b) in d.items()]
+        renamed = sum(d.get("machine_code", ("",))[0] == "identical" for d in self.changed.values())
+        if renamed:
+            lines.append(f"{renamed} of the changed cubins hold the same machine code (registers, shared memory "
+                         f"and instructions; the names differ)")
         lines.append(f"{len(self.identical)} identical, {len(self.changed)} changed, {len(self.only_a)} only in A, "
                      f"{len(self.only_b)} only in B" + (f" (cache keys differ for {self.keys_differ}: sources or "
                                                         f"versions changed)" if self.keys_differ else ""))
@@ -64,11 +74,23 @@ def _short(value) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
+def machine_code(art: Artifact) -> tuple:
+    """The kernels' machine code digests, registers and shared memory: what runs, without the names."""
+    try:
+        info = cubin.parse(art.cubin)
+    except cubin.CubinError:
+        return ("unreadable", art.sha256)
+    return tuple(sorted((k.code_sha256, k.registers, k.static_smem, k.frame_bytes) for k in info.kernels.values()))
+
+
 def member_differences(a: Artifact, b: Artifact) -> dict[str, tuple]:
     """{what: (a's, b's)} for everything the runtime launches that differs between two artifacts."""
     out: dict[str, tuple] = {}
     if a.sha256 != b.sha256:
         out["sha256"] = (a.sha256, b.sha256)
+        # a renamed kernel (another symbol, same instructions) is told apart from a code change
+        same_code = machine_code(a) == machine_code(b)
+        out["machine_code"] = ("identical", "identical") if same_code else ("differs", "differs")
     if a.size != b.size:
         out["size"] = (a.size, b.size)
     if a.abi.symbol != b.abi.symbol:
