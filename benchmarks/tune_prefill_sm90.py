@@ -3,9 +3,9 @@
     python benchmarks/tune_prefill_sm90.py --out /tmp/tune     # one bundle per configuration
     python benchmarks/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc   # on the GPU: time each beside cuDNN
 
-Each configuration overrides the family's tile table (block sizes, stages, ping-pong), compiles
-the bf16 dense variants of one head dim (causal and not) straight through compile_variant
-(bypassing the cache, whose key does not see these overrides) and writes a bundle.
+Each configuration is a tile record (aotc.families.sdpa_prefill_sm90.Tile: block sizes, stages,
+ping-pong); the bf16 dense variants of one head dim (causal and not) are compiled with it straight
+through compile_variant(tile=...) (bypassing the cache, whose key does not see the tile) into a bundle.
 
     python benchmarks/tune_prefill_sm90.py --full --merge artifacts/default.aotc --out /tmp/cand d128_n176
 
@@ -61,8 +61,8 @@ def main() -> None:
     ap.add_argument("--merge", metavar="BUNDLE", help="write BUNDLE with the configuration's variants replaced")
     ap.add_argument("configs", nargs="*", default=list(CONFIGS))
     args = ap.parse_args()
-    from aotc.families import sdpa_prefill_sm90 as fam
     from aotc.common.variant import Variant
+    from aotc.families.sdpa_prefill_sm90 import Tile
     from benchmarks.tuning import write_tuning_bundle
 
     def variants(D, block_n):
@@ -76,13 +76,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in args.configs:
         D, (bm, bn, stages, pingpong) = CONFIGS[name]
-        saved = dict(fam.TILES)
-        fam.TILES[D, bn] = (bm, stages, pingpong)
-        try:
-            write_tuning_bundle(name, variants(D, bn), out / f"{name}.aotc", merge_into=args.merge)
-        finally:
-            fam.TILES.clear()
-            fam.TILES.update(saved)
+        write_tuning_bundle(name, variants(D, bn), out / f"{name}.aotc", merge_into=args.merge,
+                            tile=Tile(bm, bn, stages, pingpong))
 
 
 if __name__ == "__main__":

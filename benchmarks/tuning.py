@@ -1,14 +1,15 @@
-"""What the tuning scripts share: compile variants under a patched tile table into one bundle."""
+"""What the tuning scripts share: compile variants with a tile record of their own into one bundle."""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
 
-def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str | None = None) -> bool:
-    """Compile `variants` as the (patched) kernel sources now stand and write them to `path`.
+def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str | None = None, tile=None) -> bool:
+    """Compile `variants` with `tile` (a tile record of their family; None: the family's) and write them
+    to `path`.
 
-    Each cubin gets a key of its own: the cache's key would not see the patch, so these artifacts
+    Each cubin gets a key of its own: the cache's key would not see the tile, so these artifacts
     must never be stored in (or served from) the cache; compile_variant's source check is off for
     the same reason. Prints each kernel's registers, stack frame and shared memory. A configuration
     that does not compile is reported (False) and writes nothing, so a sweep goes on to the next."""
@@ -20,7 +21,7 @@ def write_tuning_bundle(name: str, variants: list, path: Path, merge_into: str |
     try:
         for v in variants:
             art = compile_variant(v, key=hashlib.sha256(f"tune-{name}-{v.name}".encode()).hexdigest(),
-                                  check_sources=False)
+                                  tile=tile, check_sources=False)
             k = next(iter(cubin.parse(art.cubin).kernels.values()))
             print(f"{name} {v.name}: {k.registers} regs, frame {k.frame_bytes} B, smem {art.launch.dynamic_smem}",
                   flush=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 import pytest
 
 from aotc.common.abi import KernelABI, LaunchFacts, Param, layout_offsets
-from aotc.families.sdpa_combine import PARAMS
+from aotc.common.variant import Variant
+from aotc.families.sdpa_combine import params as combine_params
+
+PARAMS = combine_params(Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, strides="general"))
 
 
 def P(*kinds: str) -> tuple[Param, ...]:
@@ -78,10 +81,26 @@ def test_param_kinds():
 
 
 def test_param_json_round_trip():
-    for p in P("ptr", "i32", "i64", "f32", "tensormap"):
+    for p in P("ptr", "i32", "i64", "f32", "tensormap") + (Param("q", "ptr", 16), Param("t", "tensormap", 16)):
         assert Param.from_json(p.to_json()) == p
-    # size and align may be left out of the record
+    # size and align may be left out of the record; an ABI recorded before pointee_align existed reads as 0
     assert Param.from_json({"name": "n", "kind": "i64"}) == Param("n", "i64")
+    assert Param.from_json({"name": "q", "kind": "ptr"}) == Param("q", "ptr", 0) != Param("q", "ptr", 16)
+
+
+@pytest.mark.parametrize("kind,align", [("ptr", 3), ("ptr", -4), ("i32", 4), ("f32", 16), ("tensormap", 24)])
+def test_pointee_align_is_a_power_of_two_on_pointers_only(kind, align):
+    with pytest.raises(ValueError, match="pointee_align"):
+        Param("x", kind, align)
+
+
+def test_every_family_pointer_records_its_pointee_alignment():
+    from aotc.build.spec import load_spec
+    from aotc.families import get_family
+
+    for v in load_spec().variants:
+        for p in get_family(v.family).params(v):
+            assert (p.pointee_align > 0) == (p.kind in ("ptr", "tensormap")), (v.name, p)
 
 
 @pytest.mark.parametrize("record", [

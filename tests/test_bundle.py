@@ -19,7 +19,8 @@ from aotc.storage.bundle import (FORMAT_VERSION, MANIFEST, member_name, merge_bu
 from aotc.storage.cache import Cache
 from aotc.cli import main
 from aotc.common.errors import BundleError, VersionSkewError
-from aotc.families.sdpa_combine import PARAMS as COMBINE_PARAMS
+from aotc.common.variant import Variant
+from aotc.families.sdpa_combine import params as combine_params
 from aotc.build.spec import load_spec
 from conftest import run_aotc, tree
 
@@ -106,7 +107,7 @@ def test_build_bundle_verify_inspect(cache_dir, tiny_spec, tmp_path, capsys):
     keys = {r["name"]: r["key"] for r in report["variants"]}
     for a in m["artifacts"]:
         assert a["key"] == keys[a["member"][len("kernels/"):-len(".cubin")]]
-        assert [q["name"] for q in a["abi"]["params"]] == [q.name for q in COMBINE_PARAMS]
+        assert [q["name"] for q in a["abi"]["params"]] == [q.name for q in combine_params(Variant.from_json(a["variant"]))]
         assert a["launch"]["block"] == [128, 1, 1]
 
     assert main(["bundle", "inspect", str(out)]) == 0

@@ -9,7 +9,7 @@ pytest.importorskip("cutlass")
 
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
-from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA  # noqa: E402
+from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA, tile  # noqa: E402
 from aotc.kernels import sdpa_decode as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -30,7 +30,8 @@ def _entry_params(ptx: str, symbol: str) -> list[str]:
 @pytest.mark.parametrize("arch,dtype,head_dim,kv", CASES)
 def test_compile(tmp_path, arch, dtype, head_dim, kv):
     v = Variant.make("sdpa_decode", arch, dtype=dtype, head_dim=head_dim, kv=kv)
-    cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    cubin, symbol, ptx = built.cubin, built.abi.symbol, built.ptx
     assert cubin[:4] == b"\x7fELF"
     assert symbol and symbol.encode() in cubin
     assert f".target {arch}" in ptx
@@ -46,24 +47,27 @@ def test_compile(tmp_path, arch, dtype, head_dim, kv):
     assert _entry_params(ptx, symbol) == [want[p.kind] for p in PARAMS]
     assert ".reqntid 128, 1, 1" in ptx
 
-    # dynamic smem: the Q tile + the K/V ring (or the merge buffer), the only shared memory declared
-    cfg = kernel.tile_config(head_dim, arch)
-    assert facts["dynamic_smem"] == cfg["smem"] == kernel.smem_bytes(head_dim, arch) > 0
-    assert cfg["smem"] >= cfg["q_bytes"] + cfg["ring_bytes"] and cfg["smem"] >= cfg["merge_bytes"]
-    assert cfg["slots"] >= 2 and cfg["block_n"] == 4 * cfg["kw"]
+    # dynamic smem: the Q tile + the K/V ring (or the merge buffer), the only shared memory declared;
+    # the launch facts carry the tile the runtime's split choice reads
+    t = tile(head_dim, arch)
+    assert built.launch.dynamic_smem == t.smem_bytes(head_dim) > 0
+    assert t.smem_bytes(head_dim) >= (ROWS_PER_CTA + t.slots * t.block_n) * head_dim * 2
+    assert t.slots >= 2 and t.block_n == 4 * t.keys_per_warp
+    assert built.launch.extra["block_n"] == t.block_n and built.launch.extra["rows_per_cta"] == ROWS_PER_CTA
+    assert built.launch.extra["ctas_per_sm"] == (1 if arch in ("sm_86", "sm_89", "sm_120a") else 2)
     assert re.findall(r"\.shared\s[^;]*;", ptx) == [".shared .align 1024 .b8 __dynamic_shmem__0[];"]
 
     # 16-byte cp.async only, ldmatrix (plain and transposed), m16n8k16 MMAs, 128-bit O stores
     assert re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", ptx)
     assert not re.search(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], (4|8)\b", ptx)
-    assert f"cp.async.wait_group \t{cfg['slots'] - 2};" in ptx
+    assert f"cp.async.wait_group \t{t.slots - 2};" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     ab = {"fp16": "f16", "bf16": "bf16"}[dtype]
     assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32" in ptx
     assert re.search(r"st\.global(\.\w+)*\.v4\.b32", ptx)
     assert ".local" not in ptx
-    assert facts["frame_bytes"] == 0, f"register spills: {facts}"
+    assert built.frame_bytes == 0, f"register spills at ptxas {built.ptxas_level}"
     # split-KV merge in the same launch: one gpu-scope acq_rel ticket on the split counter (its release
     # covers this CTA's partials, its acquire the other splits'), no separate fence
     assert re.findall(r"\batom\.[\w.]+", ptx) == ["atom.global.acq_rel.add.u32"]
@@ -76,14 +80,12 @@ def test_compile(tmp_path, arch, dtype, head_dim, kv):
     assert FAMILY.launch(v).extra["pdl_trigger"] is pdl
 
 
-def test_plain_compile_signature(tmp_path):
+def test_plain_compile_record(tmp_path):
     v = Variant.make("sdpa_decode", "sm_90", dtype="fp16", head_dim=128, kv="dense")
-    out = kernel.compile(v, dump_dir=str(tmp_path))
-    assert isinstance(out, tuple) and len(out) == 3
-    cubin, symbol, facts = out
-    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
-    assert isinstance(symbol, str) and symbol in cubin_mod.parse(cubin).kernels
-    assert facts == {"dynamic_smem": kernel.smem_bytes(128, "sm_90")}
+    built = kernel.compile(v, dump_dir=str(tmp_path))
+    assert isinstance(built.cubin, bytes) and built.cubin[:4] == b"\x7fELF"
+    assert built.abi.symbol in cubin_mod.parse(built.cubin).kernels and built.ptx == ""
+    assert built.launch.dynamic_smem == tile(128, "sm_90").smem_bytes(128)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -96,8 +98,9 @@ def test_tile_configs_fit():
     assert ROWS_PER_CTA == 16
     for arch in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"):
         for head_dim in (64, 128, 256):
-            cfg = kernel.tile_config(head_dim, arch)
-            assert cfg["smem"] <= 99 * 1024 or arch in ("sm_80", "sm_90", "sm_90a", "sm_100a")
+            t = tile(head_dim, arch)
+            assert t.smem_bytes(head_dim) <= t.smem_limit
+            assert t.smem_bytes(head_dim) <= 99 * 1024 or arch in ("sm_80", "sm_90", "sm_90a", "sm_100a")
 
 
 def test_wrong_family(tmp_path):

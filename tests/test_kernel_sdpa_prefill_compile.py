@@ -9,7 +9,7 @@ pytest.importorskip("cutlass")
 
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
-from aotc.families.sdpa_prefill import PARAMS, TILES  # noqa: E402
+from aotc.families.sdpa_prefill import PARAMS, TILES, Tile, smem_bytes  # noqa: E402
 from aotc.kernels import sdpa_prefill as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -32,7 +32,8 @@ def _entry_params(ptx: str, symbol: str) -> list[str]:
 def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     v = Variant.make("sdpa_prefill", arch, dtype=dtype, head_dim=head_dim, layout=layout,
                      causal=causal, strides=strides)
-    cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    cubin, symbol, ptx = built.cubin, built.abi.symbol, built.ptx
     assert cubin[:4] == b"\x7fELF"
     assert symbol and symbol.encode() in cubin
     assert f".target {arch}" in ptx
@@ -49,9 +50,10 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     assert ".reqntid 128, 1, 1" in ptx  # block = (32 * warps, 1, 1)
 
     # dynamic smem: Q + K + V tiles, the only shared memory the PTX declares
-    bm, bn, _ = TILES[head_dim]
-    assert facts["dynamic_smem"] == (bm + 2 * bn) * head_dim * 2 > 0
-    assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim)
+    bm, bn = TILES[head_dim].block_m, TILES[head_dim].block_n
+    assert built.launch.dynamic_smem == (bm + 2 * bn) * head_dim * 2 > 0
+    assert built.launch.dynamic_smem == smem_bytes(head_dim, TILES[head_dim])
+    assert (built.launch.extra["block_m"], built.launch.extra["block_n"]) == (bm, bn)
     assert re.findall(r"\.shared\s[^;]*;", ptx) == [".shared .align 1024 .b8 __dynamic_shmem__0[];"]
 
     # 128-bit cp.async, ldmatrix (plain and transposed), m16n8k16 MMAs, 128-bit O stores
@@ -66,18 +68,21 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     # lazy O rescale (a warp vote around the multiplies) exactly where D > block_n
     assert ("vote.sync.any.pred" in ptx) == (head_dim > bn)
     if head_dim in (64, 128):
-        assert facts["frame_bytes"] == 0, f"register spills: {facts}"
+        assert built.frame_bytes == 0, f"register spills at ptxas {built.ptxas_level}"
 
 
-def test_plain_compile_signature(tmp_path):
+def test_a_tile_record_builds_that_tile(tmp_path):
+    """Tuners build a tile the family's table does not hold: the launch facts are the tile's own."""
     v = Variant.make("sdpa_prefill", "sm_80", dtype="bf16", head_dim=64, layout="dense",
                      causal=True, strides="general")
-    out = kernel.compile(v, dump_dir=str(tmp_path))
-    assert isinstance(out, tuple) and len(out) == 3
-    cubin, symbol, facts = out
-    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
-    assert isinstance(symbol, str) and symbol in cubin_mod.parse(cubin).kernels
-    assert facts == {"dynamic_smem": kernel.smem_bytes(64)}
+    default = kernel.compile(v, dump_dir=str(tmp_path / "a"))
+    assert isinstance(default.cubin, bytes) and default.cubin[:4] == b"\x7fELF"
+    assert default.abi.symbol in cubin_mod.parse(default.cubin).kernels and default.ptx == ""
+    assert default.launch.dynamic_smem == smem_bytes(64, TILES[64])
+    other = Tile(64, 64, 4)
+    built = kernel.compile(v, dump_dir=str(tmp_path / "b"), tile=other)
+    assert built.launch.extra["block_m"] == 64 and built.launch.dynamic_smem == smem_bytes(64, other)
+    assert built.cubin != default.cubin
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

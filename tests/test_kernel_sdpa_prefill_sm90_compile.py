@@ -10,7 +10,7 @@ pytest.importorskip("cutlass")
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, threads, tile  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -27,20 +27,22 @@ SMEM_LIMIT = 227 * 1024  # dynamic + static shared memory per CTA on sm_90
 def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=head_dim, layout=layout, causal=causal,
                      block_n=block_n)
-    cubin, symbol, facts, ptx = kernel.compile_with_ptx(v, dump_dir=str(tmp_path))
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    cubin, symbol, ptx = built.cubin, built.abi.symbol, built.ptx
     info = cubin_mod.parse(cubin)
     assert info.arch == "sm_90a" and symbol in info.kernels
     k = info.kernels[symbol]
     # three 128-byte TMA descriptors first, then the pointer ABI, exactly PARAMS' C layout
     assert KernelABI(symbol, PARAMS).check_layout(k.params) is None
     assert [size for _, size in k.params[:3]] == [128, 128, 128]
-    bm, bn, _, _ = tile(head_dim, block_n)
-    n_threads = threads(head_dim, block_n)
+    t = tile(head_dim, block_n)
+    bm, bn = t.block_m, t.block_n
+    n_threads = t.threads
     assert f".reqntid {n_threads}, 1, 1" in ptx and n_threads == 128 * (1 + bm // 64)
     # no spills at the consumer register budget; shared memory fits one CTA per SM
-    assert facts["frame_bytes"] == 0
-    assert facts["dynamic_smem"] == kernel.smem_bytes(head_dim, block_n)
-    assert facts["dynamic_smem"] + k.static_smem <= SMEM_LIMIT
+    assert built.frame_bytes == 0
+    assert built.launch.dynamic_smem == t.smem_bytes(head_dim)
+    assert built.launch.dynamic_smem + k.static_smem <= SMEM_LIMIT
     # the Hopper machinery is there: TMA loads of the descriptor's rank, wgmma (the PV GEMM's A operand
     # from registers), register reallocation between producer and consumers, mbarrier transactions
     rank = 3 if layout == "ragged" else 4
@@ -52,7 +54,7 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, \{{", ptx)
     # P (and O) become 16-bit in packed pairs only: lone cvt.rn.bf16.f32 (then merged by movs between the
     # PV wgmmas) made ptxas serialize D128 block_n 176's PV GEMM, one wgmma group per instruction (see
-    # _attention.store_converted_pairs); D256 keeps LLVM's own conversion, which measured faster
+    # hopper.store_converted_pairs); D256 keeps LLVM's own conversion, which measured faster
     if (head_dim, block_n) not in kernel._P_CONVERTED_WHOLE:
         assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
     producer, consumer = REGISTERS[bm // 64]
@@ -69,7 +71,7 @@ def test_family_records_the_tma_recipe(block_n):
         v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=False,
                          block_n=block_n)
         facts = fam.launch(v)
-        assert facts.block == (threads(128, block_n), 1, 1) == (384, 1, 1)
+        assert facts.block == (tile(128, block_n).threads, 1, 1) == (384, 1, 1)
         assert facts.extra["block_m"] == 128 and facts.extra["block_n"] == block_n
         tma = facts.extra["tma"]
         assert tma["rank"] == rank and tma["swizzle_bytes"] == 128 and tma["box_cols"] == 64

@@ -6,7 +6,6 @@ targets any arch from any machine.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import tempfile
@@ -42,12 +41,13 @@ def cache_key(variant: Variant) -> str | None:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def compile_variant(variant: Variant, key: str | None = None, *, check_sources: bool = True) -> Artifact:
+def compile_variant(variant: Variant, key: str | None = None, *, tile=None, check_sources: bool = True) -> Artifact:
     """Compile one variant in this process. Raises CompileError with the variant's name on failure.
 
-    key: the artifact's key (default: the cache key of the variant and its family's sources). Unless
-    check_sources is False (a tuning build that patches the family on purpose and names its cubins
-    with keys of its own), a key that no longer matches the sources after the compile is refused."""
+    key: the artifact's key (default: the cache key of the variant and its family's sources). tile: a
+    tile record to build instead of the family table's (tuners; such cubins get keys of their own and
+    never enter the cache). Unless check_sources is False (a tuning build), a key that no longer
+    matches the sources after the compile is refused."""
     config.disable_dsl_cache()
     fam = get_family(variant.family)
     key = key or cache_key(variant) or ""
@@ -59,18 +59,16 @@ def compile_variant(variant: Variant, key: str | None = None, *, check_sources: 
     t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="aotc-compile-") as dump_dir:
-            result = module.compile(variant, dump_dir=dump_dir)
-        # (cubin, symbol) or (cubin, symbol, launch facts the compile determined, e.g. dynamic_smem)
-        data, symbol = result[0], result[1]
-        launch_updates = dict(result[2]) if len(result) > 2 else {}
+            built = module.compile(variant, dump_dir=dump_dir, **({} if tile is None else {"tile": tile}))
     except Exception as e:  # the DSL raises many types; report them all against the variant
         raise CompileError(f"compiling {variant.name} failed: {type(e).__name__}: {e}") from e
     seconds = time.perf_counter() - t0
+    data, abi, launch = built.cubin, built.abi, built.launch
     if not isinstance(data, (bytes, bytearray)) or not data:
         raise CompileError(f"compiling {variant.name} produced no cubin")
     data = bytes(data)
-    abi = fam.abi(variant, symbol)
-    launch = dataclasses.replace(fam.launch(variant), **launch_updates)
+    if tuple(abi.params) != tuple(fam.params(variant)):
+        raise CompileError(f"{variant.name}: the kernel's parameters are not the family's ABI")
     if launch.dynamic_smem < 0:
         raise CompileError(f"{variant.name}: the compile did not report its dynamic shared memory size")
     try:
@@ -79,9 +77,9 @@ def compile_variant(variant: Variant, key: str | None = None, *, check_sources: 
         raise CompileError(f"{variant.name}: the DSL's output is not a readable cubin: {e}") from None
     if info.arch != variant.arch:
         raise CompileError(f"{variant.name}: cubin targets {info.arch}, expected {variant.arch}")
-    if symbol not in info.kernels:
-        raise CompileError(f"{variant.name}: kernel {symbol!r} not in cubin (has {sorted(info.kernels)})")
-    kinfo = info.kernels[symbol]
+    if abi.symbol not in info.kernels:
+        raise CompileError(f"{variant.name}: kernel {abi.symbol!r} not in cubin (has {sorted(info.kernels)})")
+    kinfo = info.kernels[abi.symbol]
     mismatch = abi.check_layout(kinfo.params)
     if mismatch:
         raise CompileError(f"{variant.name}: recorded ABI disagrees with the cubin: {mismatch}")
@@ -97,6 +95,7 @@ def compile_variant(variant: Variant, key: str | None = None, *, check_sources: 
             "compile_seconds": round(seconds, 3),
             "registers": kinfo.registers,
             "static_smem": kinfo.static_smem,
+            "ptxas": built.ptxas_level,
             "versions": producer_versions(),
         },
     )

@@ -21,12 +21,22 @@ PARAM_KINDS: dict[str, tuple[int, int]] = {
 
 @dataclass(frozen=True)
 class Param:
+    """One kernel parameter. pointee_align (pointers and TMA descriptors): the alignment in bytes the
+    kernel assumes for the address it points at (compiled in as the parameter's .align), which the
+    runtime checks before every launch; 0 for scalars, and in ABIs recorded before the field existed."""
+
     name: str
     kind: str
+    pointee_align: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in PARAM_KINDS:
             raise ValueError(f"parameter {self.name!r}: unknown kind {self.kind!r}, expected one of {sorted(PARAM_KINDS)}")
+        addressed = self.kind in ("ptr", "tensormap")
+        a = self.pointee_align
+        if a < 0 or a & (a - 1) or (a and not addressed):
+            raise ValueError(f"parameter {self.name!r} ({self.kind}): pointee_align {a} must be a power of two for "
+                             "pointers and descriptors, and 0 for scalars")
 
     @property
     def size(self) -> int:
@@ -37,15 +47,28 @@ class Param:
         return PARAM_KINDS[self.kind][1]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "size": self.size, "align": self.align}
+        out = {"name": self.name, "kind": self.kind, "size": self.size, "align": self.align}
+        if self.pointee_align:
+            out["pointee_align"] = self.pointee_align
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Param":
-        p = cls(str(d["name"]), str(d["kind"]))
+        p = cls(str(d["name"]), str(d["kind"]), int(d.get("pointee_align", 0)))
         if int(d.get("size", p.size)) != p.size or int(d.get("align", p.align)) != p.align:
             raise ValueError(f"parameter {p.name!r}: recorded size/align {d.get('size')}/{d.get('align')} "
                              f"disagree with kind {p.kind!r} ({p.size}/{p.align})")
         return p
+
+
+def ptr(name: str, pointee_align: int) -> Param:
+    if pointee_align <= 0:
+        raise ValueError(f"pointer parameter {name!r} needs its pointee alignment")
+    return Param(name, "ptr", pointee_align)
+
+
+def scalars(kind: str, *names: str) -> tuple[Param, ...]:
+    return tuple(Param(n, kind) for n in names)
 
 
 def layout_offsets(params: tuple[Param, ...]) -> tuple[list[int], int]:

@@ -50,13 +50,15 @@ class Family:
         """sha256 over the family's description and kernel source, so editing either misses the cache."""
         h = hashlib.sha256()
         here = Path(__file__).resolve().parent
-        # the family's own files, the ABI rules, the kernels' shared modules (kernels/_*.py: compile
-        # helper, which picks the ptxas level from the cubin reader's stack-frame figure, and shared
-        # kernel code) and the cubin reader; not the registry, so adding a family rebuilds nothing else
-        kernels = here.parent / "kernels"
         common = here.parent / "common"
-        files = [here / f"{self.name}.py", common / "abi.py", kernels / f"{self.name}.py",
-                 *sorted(p for p in kernels.glob("_*.py") if p.name != "__init__.py"), common / "cubin.py"]
+        kernels = here.parent / "kernels"
+        # the family's own description and kernel, the ABI rules, the cubin reader (the compile checks the
+        # kernel with it and picks the ptxas level from its stack-frame figure) and every shared kernel
+        # module (compile helper, masks, softmax, MMA blocks, schedulers); not the other families' files,
+        # so adding or editing a family rebuilds nothing else
+        others = {f"{name}.py" for name in _FAMILIES if name != self.name}
+        files = [here / f"{self.name}.py", common / "abi.py", common / "cubin.py",
+                 *sorted(p for p in kernels.glob("*.py") if p.name not in others)]
         for path in files:
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes() if path.exists() else b"<missing>")

@@ -17,40 +17,29 @@ specialization promises that O is contiguous [B, S_q, H, D] and LSE contiguous
 """
 from __future__ import annotations
 
-from ..common.abi import LaunchFacts, Param
+from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import KNOWN_ARCHS, Family, Field, register
 
 THREADS = 128
 VECTOR = 4  # fp32 elements per thread per load (16 bytes)
 
-PARAMS: tuple[Param, ...] = (
-    Param("o_partial", "ptr"),
-    Param("lse_partial", "ptr"),
-    Param("o", "ptr"),
-    Param("lse", "ptr"),
-    Param("splits", "i32"),
-    Param("batch", "i32"),
-    Param("seqlen_q", "i32"),
-    Param("heads", "i32"),
-    Param("write_lse", "i32"),
-    Param("split_groups", "i32"),
-    Param("op_stride_split", "i64"),
-    Param("op_stride_b", "i64"),
-    Param("op_stride_s", "i64"),
-    Param("op_stride_h", "i64"),
-    Param("lp_stride_split", "i64"),
-    Param("lp_stride_b", "i64"),
-    Param("lp_stride_h", "i64"),
-    Param("lp_stride_s", "i64"),
-    Param("o_stride_b", "i64"),
-    Param("o_stride_s", "i64"),
-    Param("o_stride_h", "i64"),
-    Param("o_stride_d", "i64"),
-    Param("lse_stride_b", "i64"),
-    Param("lse_stride_h", "i64"),
-    Param("lse_stride_s", "i64"),
-)
+OUT_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def params(variant: Variant) -> tuple[Param, ...]:
+    """The kernel's parameters; O's pointee alignment is a whole VECTOR of outputs when packed (one vector
+    store), one element otherwise."""
+    out_bytes = OUT_BYTES[variant["dtype"]]
+    return (
+        ptr("o_partial", 16), ptr("lse_partial", 4),
+        ptr("o", VECTOR * out_bytes if variant["strides"] == "packed" else out_bytes), ptr("lse", 4),
+        *scalars("i32", "splits", "batch", "seqlen_q", "heads", "write_lse", "split_groups"),
+        *scalars("i64", "op_stride_split", "op_stride_b", "op_stride_s", "op_stride_h",
+                 "lp_stride_split", "lp_stride_b", "lp_stride_h", "lp_stride_s",
+                 "o_stride_b", "o_stride_s", "o_stride_h", "o_stride_d",
+                 "lse_stride_b", "lse_stride_h", "lse_stride_s"),
+    )
 
 
 def slices_per_cta(head_dim: int) -> int:
@@ -80,11 +69,7 @@ def _why_invalid(values: dict) -> str | None:
     return None
 
 
-def _params(variant: Variant) -> tuple[Param, ...]:
-    return PARAMS
-
-
-def _launch(variant: Variant) -> LaunchFacts:
+def launch_facts(variant: Variant) -> LaunchFacts:
     return LaunchFacts(
         block=(THREADS, 1, 1),
         dynamic_smem=smem_bytes(variant["head_dim"]),
@@ -104,7 +89,7 @@ FAMILY = register(Family(
               "general: Int64 strides for O and LSE; packed: O contiguous [B,S_q,H,D], LSE contiguous [B,H,S_q]"),
     ),
     why_invalid=_why_invalid,
-    params=_params,
-    launch=_launch,
+    params=params,
+    launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_combine",
 ))

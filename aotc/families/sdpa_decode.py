@@ -28,31 +28,72 @@ plan, and every launch leaves them 0.
 """
 from __future__ import annotations
 
-from ..common.abi import LaunchFacts, Param, has_grid_dependency_control
+from dataclasses import dataclass
+
+from ..common.abi import LaunchFacts, Param, has_grid_dependency_control, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
 ROWS_PER_CTA = 16  # packed (token, query head) rows one CTA serves (one m16 MMA tile; the 4 warps split the keys)
+THREADS = 128
+WARPS = 4
+ACC_PAD = 8        # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
 
+
+@dataclass(frozen=True)
+class Tile:
+    """Each of the 4 warps takes keys_per_warp keys of every kv block (block_n = 4 * keys_per_warp keys);
+    K and V tiles go through a ring of `slots` shared-memory buffers; ctas_per_sm CTAs fit an SM."""
+
+    keys_per_warp: int
+    slots: int
+    ctas_per_sm: int
+    smem_limit: int
+
+    @property
+    def block_n(self) -> int:
+        return WARPS * self.keys_per_warp
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
+        q_bytes = ROWS_PER_CTA * head_dim * 2
+        ring_bytes = self.slots * self.block_n * head_dim * 2
+        # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
+        merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
+        return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024
+
+
+# Shared-memory classes of the archs: big sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs
+# per SM; a100 sm_80 (164 KB/SM): <= 81 KB per CTA, 2 CTAs per SM; small sm_86/sm_89/sm_120a (100 KB/SM,
+# 99 KB per block): 1 CTA per SM.
+SMEM_CLASS = {"sm_80": "a100", "sm_86": "small", "sm_89": "small", "sm_90": "big", "sm_90a": "big",
+              "sm_100a": "big", "sm_120a": "small"}
+_CLASS_LIMITS = {"big": (2, 113 * 1024), "a100": (2, 81 * 1024), "small": (1, 99 * 1024)}
+# keys per warp and ring slots per head dim and smem class (benchmarks/tune_decode.py)
+_KEYS_PER_WARP = {64: 32, 128: 16, 256: 16}
+_SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "small": 5},
+          256: {"big": 3, "a100": 2, "small": 2}}
+
+
+def tile(head_dim: int, arch: str) -> Tile:
+    cls = SMEM_CLASS.get(arch, "small")
+    ctas, limit = _CLASS_LIMITS[cls]
+    return Tile(_KEYS_PER_WARP[head_dim], _SLOTS[head_dim][cls], ctas, limit)
+
+# Q/K/V/O and the fp32 O partials 16-byte aligned (128-bit cp.async and stores); the rest 4
 PARAMS: tuple[Param, ...] = (
-    Param("q", "ptr"), Param("k", "ptr"), Param("v", "ptr"), Param("o", "ptr"), Param("lse", "ptr"),
-    Param("o_partial", "ptr"), Param("lse_partial", "ptr"), Param("counters", "ptr"), Param("page_table", "ptr"),
-    Param("seqlens_kv", "ptr"),
-    Param("batch", "i32"), Param("seqlen_q", "i32"), Param("heads_q", "i32"), Param("heads_kv", "i32"),
-    Param("num_splits", "i32"), Param("max_pages", "i32"), Param("write_lse", "i32"), Param("write_partial", "i32"),
+    ptr("q", 16), ptr("k", 16), ptr("v", 16), ptr("o", 16), ptr("lse", 4),
+    ptr("o_partial", 16), ptr("lse_partial", 4), ptr("counters", 4), ptr("page_table", 4), ptr("seqlens_kv", 4),
+    *scalars("i32", "batch", "seqlen_q", "heads_q", "heads_kv", "num_splits", "max_pages", "write_lse",
+             "write_partial"),
     Param("softmax_scale", "f32"),
-    Param("q_stride_b", "i64"), Param("q_stride_s", "i64"), Param("q_stride_h", "i64"),
-    Param("k_stride_page", "i64"), Param("k_stride_token", "i64"), Param("k_stride_head", "i64"),
-    Param("v_stride_page", "i64"), Param("v_stride_token", "i64"), Param("v_stride_head", "i64"),
-    Param("o_stride_b", "i64"), Param("o_stride_s", "i64"), Param("o_stride_h", "i64"),
-    Param("lse_stride_b", "i64"), Param("lse_stride_h", "i64"), Param("lse_stride_s", "i64"),
-    Param("pt_stride_b", "i64"), Param("pt_stride_p", "i64"),
-    Param("op_stride_split", "i64"), Param("op_stride_b", "i64"), Param("op_stride_s", "i64"),
-    Param("op_stride_h", "i64"),
-    Param("lp_stride_split", "i64"), Param("lp_stride_b", "i64"), Param("lp_stride_h", "i64"),
-    Param("lp_stride_s", "i64"),
+    *scalars("i64", "q_stride_b", "q_stride_s", "q_stride_h", "k_stride_page", "k_stride_token", "k_stride_head",
+             "v_stride_page", "v_stride_token", "v_stride_head", "o_stride_b", "o_stride_s", "o_stride_h",
+             "lse_stride_b", "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p",
+             "op_stride_split", "op_stride_b", "op_stride_s", "op_stride_h",
+             "lp_stride_split", "lp_stride_b", "lp_stride_h", "lp_stride_s"),
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -63,14 +104,18 @@ def page_size(variant: Variant) -> int:
     return 0 if kv == "dense" else int(kv[len("paged"):])
 
 
-def _launch(variant: Variant) -> LaunchFacts:
+def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
+    t = t or tile(variant["head_dim"], variant.arch)
     return LaunchFacts(
-        block=(128, 1, 1),
-        dynamic_smem=-1,  # reported by the compile
-        grid_rule="grid = (num_splits, heads_kv * ceil(heads_q / heads_kv * seqlen_q / ROWS_PER_CTA), batch)",
-        # pdl_trigger: each CTA starts with griddepcontrol.launch_dependents: a kernel launched after the step as a
-        # programmatic dependent may be dispatched early (it must griddepcontrol.wait before reading O or LSE)
-        extra={"pdl_trigger": has_grid_dependency_control(variant.arch)},
+        block=(THREADS, 1, 1),
+        dynamic_smem=t.smem_bytes(variant["head_dim"]),
+        grid_rule="grid = (num_splits, heads_kv * ceil(heads_q / heads_kv * seqlen_q / rows_per_cta), batch)",
+        # the runtime's split choice reads these (aotc.runtime.decode): keys per kv block, rows per CTA and
+        # CTAs resident per SM; pdl_trigger: each CTA starts with griddepcontrol.launch_dependents, so a kernel
+        # launched after the step as a programmatic dependent may be dispatched early (it must
+        # griddepcontrol.wait before reading O or LSE)
+        extra={"block_n": t.block_n, "rows_per_cta": ROWS_PER_CTA, "ctas_per_sm": t.ctas_per_sm, "slots": t.slots,
+               "pdl_trigger": has_grid_dependency_control(variant.arch)},
     )
 
 
@@ -85,6 +130,6 @@ FAMILY = register(Family(
     ),
     why_invalid=lambda values: None,
     params=lambda v: PARAMS,
-    launch=_launch,
+    launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_decode",
 ))

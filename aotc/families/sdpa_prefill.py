@@ -16,24 +16,38 @@ ignores the stride parameters (32-bit offsets within a batch).
 """
 from __future__ import annotations
 
-from ..common.abi import LaunchFacts, Param
+from dataclasses import dataclass
+
+from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 
-# (block_m, block_n, warps) per head dim: the tile shapes the kernel uses.
-TILES = {64: (128, 64, 4), 128: (128, 32, 4), 256: (64, 64, 4)}
 
+@dataclass(frozen=True)
+class Tile:
+    """A CTA of 32 * warps threads computes block_m query rows, walking kv blocks of block_n keys."""
+
+    block_m: int
+    block_n: int
+    warps: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+
+# the tile each head dim runs (tuners build others: aotc.build.compile.compile_variant(tile=...))
+TILES = {64: Tile(128, 64, 4), 128: Tile(128, 32, 4), 256: Tile(64, 64, 4)}
+
+# Q/K/V/O 16-byte aligned (128-bit cp.async and stores); LSE and cu_seqlens 4
 PARAMS: tuple[Param, ...] = (
-    Param("q", "ptr"), Param("k", "ptr"), Param("v", "ptr"), Param("o", "ptr"), Param("lse", "ptr"),
-    Param("cu_seqlens_q", "ptr"), Param("cu_seqlens_kv", "ptr"),
-    Param("batch", "i32"), Param("seqlen_q", "i32"), Param("seqlen_kv", "i32"),
-    Param("heads_q", "i32"), Param("heads_kv", "i32"), Param("write_lse", "i32"),
+    ptr("q", 16), ptr("k", 16), ptr("v", 16), ptr("o", 16), ptr("lse", 4),
+    ptr("cu_seqlens_q", 4), ptr("cu_seqlens_kv", 4),
+    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse"),
     Param("softmax_scale", "f32"),
-    Param("q_stride_b", "i64"), Param("q_stride_s", "i64"), Param("q_stride_h", "i64"),
-    Param("k_stride_b", "i64"), Param("k_stride_s", "i64"), Param("k_stride_h", "i64"),
-    Param("v_stride_b", "i64"), Param("v_stride_s", "i64"), Param("v_stride_h", "i64"),
-    Param("o_stride_b", "i64"), Param("o_stride_s", "i64"), Param("o_stride_h", "i64"),
-    Param("lse_stride_b", "i64"), Param("lse_stride_h", "i64"), Param("lse_stride_s", "i64"),
+    *scalars("i64", "q_stride_b", "q_stride_s", "q_stride_h", "k_stride_b", "k_stride_s", "k_stride_h",
+             "v_stride_b", "v_stride_s", "v_stride_h", "o_stride_b", "o_stride_s", "o_stride_h",
+             "lse_stride_b", "lse_stride_h", "lse_stride_s"),
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -53,13 +67,18 @@ def _why_invalid(values: dict) -> str | None:
     return None
 
 
-def _launch(variant: Variant) -> LaunchFacts:
-    bm, bn, warps = TILES[variant["head_dim"]]
+def smem_bytes(head_dim: int, tile: Tile) -> int:
+    """Dynamic shared memory of one CTA: a Q tile, a K tile and a V tile of 2-byte elements."""
+    return (tile.block_m * head_dim + 2 * tile.block_n * head_dim) * 2
+
+
+def launch_facts(variant: Variant, tile: Tile | None = None) -> LaunchFacts:
+    tile = tile or TILES[variant["head_dim"]]
     return LaunchFacts(
-        block=(32 * warps, 1, 1),
-        dynamic_smem=-1,  # filled in by the compiler from the kernel's shared storage (see kernels)
+        block=(tile.threads, 1, 1),
+        dynamic_smem=smem_bytes(variant["head_dim"], tile),
         grid_rule="grid = (ceil(max_seqlen_q / block_m), heads_q, batch)",
-        extra={"block_m": bm, "block_n": bn},
+        extra={"block_m": tile.block_m, "block_n": tile.block_n},
     )
 
 
@@ -72,6 +91,6 @@ FAMILY = register(Family(
     ),
     why_invalid=_why_invalid,
     params=lambda v: PARAMS,
-    launch=_launch,
+    launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_prefill",
 ))

@@ -23,61 +23,86 @@ padding tokens of *another* sequence would (0 * Inf), where the portable family 
 """
 from __future__ import annotations
 
-from ..common.abi import LaunchFacts, Param
+from dataclasses import dataclass
+
+from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .sdpa_prefill import ATTENTION_FIELDS
 
-# (head dim, block_n) -> (block_m, kv stages, ping-pong): per CTA, block_m / 64 consumer warpgroups of
-# 64 query rows each (2 or 3) and one producer warpgroup; block_n keys per kv block. Chosen by
-# measurement on the H200 (benchmarks/tune_prefill_sm90.py, bench_prefill.py --baseline-bundle):
-# D64 runs best at block_n 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and
-# D256. D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and
-# with two, ncu found the schedulers without an eligible warp 56% of the time.
-# D128 has two tiles, one variant each (field block_n), and the runtime picks by the kv length
-# (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 2-3% faster from S_kv 8192 on
-# (tensor pipe 81% busy under ncu at 16k against 75%; session 9,
-# benchmarks/results/prefill_experiment_d128_block_n_176.json), but at S_kv 512 up to a quarter slower
-# than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile, as it
-# has no room of its own, so the next tile's Q waits for the epilogue). 192 measured the same as 176.
-TILES = {
-    (64, 128): (192, 2, True),
-    (128, 128): (128, 2, False),
-    (128, 176): (128, 2, True),
-    (256, 80): (128, 2, True),
-}
-BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
 Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
 WARPGROUP = 128
 # registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
 # within the 64K registers of the SM (one CTA per SM)
 REGISTERS = {2: (24, 240), 3: (32, 160)}
+SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
+BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
+STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
 
 
-def tile(head_dim: int, block_n: int) -> tuple[int, int, int, bool]:
-    """(block_m, block_n, kv stages, ping-pong) of a variant's head dim and block_n."""
-    bm, stages, pingpong = TILES[head_dim, block_n]
-    return bm, block_n, stages, pingpong
+@dataclass(frozen=True)
+class Tile:
+    """block_m query rows per CTA (block_m / 64 consumer warpgroups of 64 rows, and one producer
+    warpgroup), kv blocks of block_n keys in a `stages`-deep ring, ping-pong of the consumers' GEMM issue."""
+
+    block_m: int
+    block_n: int
+    stages: int
+    pingpong: bool
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.block_m // Q_BOX_ROWS
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: the producer warpgroup and the consumer warpgroups."""
+        return WARPGROUP * (1 + self.consumer_warpgroups)
+
+    def separate_o(self, head_dim: int) -> bool:
+        """Whether an O staging tile fits beside Q and the K/V ring (else O is staged in Q's tile,
+        and the next tile's Q waits for the epilogue)."""
+        return (BARRIER_BYTES + (2 * self.block_m * head_dim + 2 * self.stages * self.block_n * head_dim) * 2
+                <= SMEM_LIMIT - STATIC_SMEM)
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """Q (block_m x D) [+ O staging] + K and V rings (stages x block_n x D) of 2-byte elements + mbarriers."""
+        tiles = (self.block_m * head_dim * (2 if self.separate_o(head_dim) else 1)
+                 + 2 * self.stages * self.block_n * head_dim)
+        return BARRIER_BYTES + tiles * 2
 
 
-def consumer_warpgroups(head_dim: int, block_n: int) -> int:
-    return tile(head_dim, block_n)[0] // Q_BOX_ROWS
+# (head dim, block_n) -> tile. Chosen by measurement on the H200 (benchmarks/tune_prefill_sm90.py,
+# bench_prefill.py --baseline-bundle): D64 runs best at block_n 128, D256 at 80; the ping-pong of the
+# consumers' GEMM issue pays for D64 and D256. D64 has three consumer warpgroups (block_m 192): its
+# softmax is a larger share of the work, and with two, ncu found the schedulers without an eligible
+# warp 56% of the time. D128 has two tiles, one variant each (field block_n), and the runtime picks by
+# the kv length (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 2-3% faster from
+# S_kv 8192 on (tensor pipe 81% busy under ncu at 16k against 75%), but at S_kv 512 up to a quarter
+# slower than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile,
+# as it has no room of its own, so the next tile's Q waits for the epilogue); 192 measured the same as
+# 176 (benchmarks/results/prefill_experiment_d128_block_n_176.json).
+TILES = {
+    (64, 128): Tile(192, 128, 2, True),
+    (128, 128): Tile(128, 128, 2, False),
+    (128, 176): Tile(128, 176, 2, True),
+    (256, 80): Tile(128, 80, 2, True),
+}
+BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
 
 
-def threads(head_dim: int, block_n: int) -> int:
-    """Threads per CTA: the producer warpgroup and the consumer warpgroups."""
-    return WARPGROUP * (1 + consumer_warpgroups(head_dim, block_n))
+def tile(head_dim: int, block_n: int) -> Tile:
+    return TILES[head_dim, block_n]
 
 
+# Q/K/V as TMA descriptors (their tensors 16-byte aligned), O 16 (128-bit stores), LSE and cu_seqlens 4
 PARAMS: tuple[Param, ...] = (
-    Param("tma_q", "tensormap"), Param("tma_k", "tensormap"), Param("tma_v", "tensormap"),
-    Param("o", "ptr"), Param("lse", "ptr"), Param("cu_seqlens_q", "ptr"), Param("cu_seqlens_kv", "ptr"),
-    Param("batch", "i32"), Param("seqlen_q", "i32"), Param("seqlen_kv", "i32"),
-    Param("heads_q", "i32"), Param("heads_kv", "i32"), Param("write_lse", "i32"),
+    Param("tma_q", "tensormap", 16), Param("tma_k", "tensormap", 16), Param("tma_v", "tensormap", 16),
+    ptr("o", 16), ptr("lse", 4), ptr("cu_seqlens_q", 4), ptr("cu_seqlens_kv", 4),
+    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse"),
     Param("softmax_scale", "f32"),
-    Param("o_stride_b", "i64"), Param("o_stride_s", "i64"), Param("o_stride_h", "i64"),
-    Param("lse_stride_b", "i64"), Param("lse_stride_h", "i64"), Param("lse_stride_s", "i64"),
+    *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s"),
 )
 
 ARCHS = ("sm_90a",)
@@ -90,9 +115,9 @@ def _why_invalid(values: dict) -> str | None:
     return None
 
 
-def tma_recipe(variant: Variant) -> dict:
+def tma_recipe(variant: Variant, block_n: int) -> dict:
     """How the runtime encodes the three descriptors (plain data, recorded in the bundle)."""
-    bn = variant["block_n"]
+    bn = block_n
     return {
         "rank": 3 if variant["layout"] == "ragged" else 4,
         "box_cols": TMA_BOX_COLS,
@@ -103,14 +128,14 @@ def tma_recipe(variant: Variant) -> dict:
     }
 
 
-def _launch(variant: Variant) -> LaunchFacts:
-    bm, bn, stages, pingpong = tile(variant["head_dim"], variant["block_n"])
+def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
+    t = t or tile(variant["head_dim"], variant["block_n"])
     return LaunchFacts(
-        block=(threads(variant["head_dim"], bn), 1, 1),
-        dynamic_smem=-1,  # filled in by the compiler from the kernel's shared storage
+        block=(t.threads, 1, 1),
+        dynamic_smem=t.smem_bytes(variant["head_dim"]),
         grid_rule="persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1)",
-        extra={"block_m": bm, "block_n": bn, "stages": stages, "pingpong": pingpong, "persistent": True,
-               "tma": tma_recipe(variant)},
+        extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
+               "persistent": True, "tma": tma_recipe(variant, t.block_n)},
     )
 
 
@@ -123,6 +148,6 @@ FAMILY = register(Family(
     ),
     why_invalid=_why_invalid,
     params=lambda v: PARAMS,
-    launch=_launch,
+    launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_prefill_sm90",
 ))

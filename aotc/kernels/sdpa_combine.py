@@ -17,15 +17,15 @@ A split whose lse_i is -inf (or whose index is >= splits) never has its O_i load
 All address arithmetic is 64-bit.
 """
 import math
-import os
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_combine import PARAMS, THREADS, VECTOR, slices_per_cta, smem_bytes
-from ._compile import check_param_kinds, placeholders
+from ..families import sdpa_combine as family
+from ..families.sdpa_combine import THREADS, VECTOR, slices_per_cta, smem_bytes
+from .compile import KernelBuild, compile_kernel
 
 # splits per group in pass 2: this many 16-byte O_partial loads in flight per thread
 UNROLL = 4
@@ -36,23 +36,46 @@ _NEG_INF = -math.inf
 _EVICT_FIRST = cute.nvgpu.CacheEvictionPriority.EVICT_FIRST
 
 
-def _build(head_dim: int, out_dtype, packed: bool):
-    """The @cute.jit host function for one (head_dim, dtype, strides) variant."""
-    tpr = head_dim // VECTOR          # threads per row slice (VECTOR columns each)
-    slices = slices_per_cta(head_dim)  # slices per CTA; split_groups (a runtime value) of them per row
-    sub = min(tpr, 32)                # lanes sharing pass 1 (within one warp: shuffles)
-    assert tpr * slices == THREADS and tpr * VECTOR == head_dim
+class SdpaCombine:
+    """One (head_dim, dtype of O, strides) variant; see the module docstring for the algorithm."""
 
-    @cute.struct
-    class SharedStorage:
-        partial_sums: cute.struct.MemRange[Float32, THREADS * VECTOR]
+    ptxas_levels = (None,)  # ptxas' default: no spills at these sizes
 
-    if SharedStorage.size_in_bytes() != smem_bytes(head_dim):
-        raise RuntimeError(f"shared storage is {SharedStorage.size_in_bytes()} bytes, "
-                           f"smem_bytes() says {smem_bytes(head_dim)}")
+    def __init__(self, variant):
+        if variant.family != "sdpa_combine":
+            raise ValueError(f"not an sdpa_combine variant: {variant.name}")
+        self.variant = variant
+        self.params = family.params(variant)
+        self.head_dim = head_dim = int(variant["head_dim"])
+        self.out_dtype = _OUT_DTYPES[variant["dtype"]]
+        self.packed = variant["strides"] == "packed"
+        self.tpr = head_dim // VECTOR           # threads per row slice (VECTOR columns each)
+        self.slices = slices_per_cta(head_dim)  # slices per CTA; split_groups (a runtime value) of them per row
+        self.sub = min(self.tpr, 32)            # lanes sharing pass 1 (within one warp: shuffles)
+        if self.tpr * self.slices != THREADS or self.tpr * VECTOR != head_dim:
+            raise ValueError(f"head_dim {head_dim} does not tile {THREADS} threads of {VECTOR} columns")
+
+        @cute.struct
+        class SharedStorage:
+            partial_sums: cute.struct.MemRange[Float32, THREADS * VECTOR]
+
+        if SharedStorage.size_in_bytes() != smem_bytes(head_dim):
+            raise RuntimeError(f"shared storage is {SharedStorage.size_in_bytes()} bytes, "
+                               f"smem_bytes() says {smem_bytes(head_dim)}")
+        self.SharedStorage = SharedStorage
+
+    def __str__(self) -> str:  # the kernel symbol's mangled name includes it
+        return type(self).__name__
+
+    def pointee_types(self) -> dict:
+        return {"o_partial": Float32, "lse_partial": Float32, "o": self.out_dtype, "lse": Float32}
+
+    def launch_facts(self):
+        return family.launch_facts(self.variant)
 
     @cute.kernel
     def sdpa_combine_kernel(
+        self,
         o_partial: cute.Pointer,
         lse_partial: cute.Pointer,
         o: cute.Pointer,
@@ -79,6 +102,8 @@ def _build(head_dim: int, out_dtype, packed: bool):
         lse_stride_h: Int64,
         lse_stride_s: Int64,
     ):
+        tpr, slices, sub, head_dim, out_dtype, packed = (self.tpr, self.slices, self.sub, self.head_dim,
+                                                         self.out_dtype, self.packed)
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_sg = split_groups               # slices per row (a power of two dividing `slices`)
@@ -146,7 +171,7 @@ def _build(head_dim: int, out_dtype, packed: bool):
                     acc.store(acc.load() + ov[None, k].load() * wv[k])
 
         # the row's slices add up their sums through shared memory; slice 0 of the row writes O and LSE
-        storage = SmemAllocator().allocate(SharedStorage)
+        storage = SmemAllocator().allocate(self.SharedStorage)
         sums = storage.partial_sums.data_ptr()
         if n_sg > 1:  # uniform over the CTA: the barrier is reached by all threads or none
             mine = cute.make_tensor(sums + cute.assume(Int32(tidx) * VECTOR, divby=VECTOR), cute.make_layout(VECTOR))
@@ -181,7 +206,8 @@ def _build(head_dim: int, out_dtype, packed: bool):
                         lse[b * lse_stride_b + h * lse_stride_h + s * lse_stride_s] = lse_out
 
     @cute.jit
-    def sdpa_combine_host(
+    def __call__(
+        self,
         o_partial: cute.Pointer,
         lse_partial: cute.Pointer,
         o: cute.Pointer,
@@ -209,8 +235,8 @@ def _build(head_dim: int, out_dtype, packed: bool):
         lse_stride_s: Int64,
     ):
         # The real launch is done by the aotc runtime; this grid only makes the module well formed.
-        grid_x = (batch * seqlen_q * heads * split_groups + (slices - 1)) // slices
-        sdpa_combine_kernel(
+        grid_x = (batch * seqlen_q * heads * split_groups + (self.slices - 1)) // self.slices
+        self.sdpa_combine_kernel(
             o_partial, lse_partial, o, lse,
             splits, batch, seqlen_q, heads, write_lse, split_groups,
             op_stride_split, op_stride_b, op_stride_s, op_stride_h,
@@ -219,53 +245,8 @@ def _build(head_dim: int, out_dtype, packed: bool):
             lse_stride_b, lse_stride_h, lse_stride_s,
         ).launch(grid=[grid_x, 1, 1], block=[THREADS, 1, 1])
 
-    return sdpa_combine_host
 
-
-def _placeholders(out_dtype, packed: bool) -> list:
-    out_bytes = out_dtype.width // 8
-    return placeholders(PARAMS, {
-        "o_partial": (Float32, 16), "lse_partial": (Float32, 4),
-        "o": (out_dtype, VECTOR * out_bytes if packed else out_bytes), "lse": (Float32, 4)})
-
-
-def _check_params() -> None:
-    check_param_kinds("sdpa_combine", PARAMS, ["ptr"] * 4 + ["i32"] * 6 + ["i64"] * 15)
-
-
-def _compile(variant, dump_dir: str, keep_ptx: bool):
-    _check_params()
-    if variant.family != "sdpa_combine":
-        raise ValueError(f"not an sdpa_combine variant: {variant.name}")
-    head_dim = int(variant["head_dim"])
-    out_dtype = _OUT_DTYPES[variant["dtype"]]
-    packed = variant["strides"] == "packed"
-    host = _build(head_dim, out_dtype, packed)
-    # cute.compile always compiles afresh (it passes no_cache itself); the files written to
-    # dump_dir are named after the host function and its argument types only, so callers
-    # compiling several variants concurrently should give each its own dump_dir.
-    os.makedirs(dump_dir, exist_ok=True)
-    opts = f"--gpu-arch {variant.arch} --keep-cubin --dump-dir={dump_dir}"
-    if keep_ptx:
-        opts += " --keep-ptx"
-    compiled = cute.compile(host, *_placeholders(out_dtype, packed), options=opts)
-    symbols = list(compiled.kernel_info)
-    if len(symbols) != 1:
-        raise RuntimeError(f"expected one kernel in the module, got {symbols}")
-    return compiled, bytes(compiled.__cubin__), str(symbols[0])
-
-
-def compile(variant, *, dump_dir: str) -> tuple[bytes, str]:
-    """Compile one sdpa_combine variant for variant.arch (e.g. 'sm_90a', 'sm_80', 'sm_100a').
-
-    Returns (cubin bytes, the kernel entry's symbol name in the cubin).  The entry's
-    parameters are exactly aotc.families.sdpa_combine.PARAMS, in order.
-    """
-    _, cubin, symbol = _compile(variant, dump_dir, keep_ptx=False)
-    return cubin, symbol
-
-
-def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, str]:
-    """Like compile(), also returning the PTX text (for tests and inspection)."""
-    compiled, cubin, symbol = _compile(variant, dump_dir, keep_ptx=True)
-    return cubin, symbol, str(compiled.__ptx__)
+def compile(variant, *, dump_dir: str, keep_ptx: bool = False) -> KernelBuild:
+    """Compile one sdpa_combine variant for variant.arch. The entry's parameters are exactly
+    aotc.families.sdpa_combine.params(variant), in order."""
+    return compile_kernel(SdpaCombine(variant), variant.arch, dump_dir, keep_ptx=keep_ptx)

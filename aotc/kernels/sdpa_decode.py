@@ -79,64 +79,23 @@ from types import SimpleNamespace
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_decode import KV_CHOICES, PARAMS, ROWS_PER_CTA
-from ._attention import (ATOM_COLS, DTYPES, LN_2, LOG2_E, NEG_INF, VEC, acc_mn_view, acc_to_a_operand,
-                         make_g2s, opaque_i32, quad_allreduce, smem_tile_layout, softmax_row)
 from ..common.abi import has_grid_dependency_control
-from ._compile import check_param_kinds, compile_least_spilling, placeholders
+from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile, launch_facts,
+                                    tile)
+from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .mask import mask_columns
+from .softmax import LN_2, LOG2_E, NEG_INF, quad_allreduce, softmax_row
+from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms, make_g2s,
+                       make_warp_mma, opaque_i32, smem_tile_layout)
 
-
-_THREADS = 128
-_WARPS = 4
-_ROWS = 16        # rows of the CTA tile: one m16 MMA tile
-_ACC_PAD = 8      # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
+_THREADS = THREADS
+_WARPS = WARPS
+_ROWS = ROWS_PER_CTA  # rows of the CTA tile: one m16 MMA tile
+_ACC_PAD = ACC_PAD
 MERGE_VEC = 4     # split merge: fp32 columns per thread (one 16-byte load of a partial row)
 MERGE_UNROLL = 16  # split merge: partial rows in flight per thread
-
-# keys per warp per block (KW) and ring slots per head dim, by smem class of the arch:
-#   big   sm_90/sm_90a/sm_100a (228 KB/SM): <= 113 KB per CTA, 2 CTAs per SM
-#   a100  sm_80 (164 KB/SM): <= 81 KB per CTA, 2 CTAs per SM
-#   small sm_86/sm_89/sm_120a (100 KB/SM, 99 KB per block): 1 CTA per SM
-CONFIGS = {
-    64: {"kw": 32, "slots": {"big": 6, "a100": 4, "small": 6}},
-    128: {"kw": 16, "slots": {"big": 6, "a100": 4, "small": 5}},
-    256: {"kw": 16, "slots": {"big": 3, "a100": 2, "small": 2}},
-}
-_SMEM_CLASS = {"sm_80": "a100", "sm_86": "small", "sm_89": "small", "sm_90": "big", "sm_90a": "big",
-               "sm_100a": "big", "sm_120a": "small"}
-_SMEM_LIMIT = {"big": 113 * 1024, "a100": 81 * 1024, "small": 99 * 1024}
-
-
-def tile_config(head_dim: int, arch: str) -> dict:
-    """Tile facts of one (head_dim, arch): keys per warp, BLOCK_N, ring slots and smem bytes."""
-    if ROWS_PER_CTA != _ROWS:
-        raise RuntimeError(f"sdpa_decode ROWS_PER_CTA is {ROWS_PER_CTA}; this kernel serves {_ROWS} rows per CTA")
-    cfg = CONFIGS[head_dim]
-    kw = cfg["kw"]
-    cls = _SMEM_CLASS.get(arch, "small")
-    slots = cfg["slots"][cls]
-    block_n = _WARPS * kw
-    q_bytes = _ROWS * head_dim * 2
-    ring_bytes = slots * block_n * head_dim * 2
-    merge_bytes = _merge_bytes(head_dim)
-    smem = max(q_bytes + ring_bytes, merge_bytes)
-    smem = (smem + 1023) // 1024 * 1024
-    if smem > _SMEM_LIMIT[cls]:
-        raise RuntimeError(f"head_dim {head_dim} on {arch}: {smem} bytes of smem exceed {_SMEM_LIMIT[cls]}")
-    return {"kw": kw, "block_n": block_n, "slots": slots, "smem": smem, "q_bytes": q_bytes,
-            "ring_bytes": ring_bytes, "merge_bytes": merge_bytes}
-
-
-def _merge_bytes(head_dim: int) -> int:
-    # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
-    return _WARPS * _ROWS * 2 * 4 + _WARPS * _ROWS * (head_dim + _ACC_PAD) * 4
-
-
-def smem_bytes(head_dim: int, arch: str) -> int:
-    return tile_config(head_dim, arch)["smem"]
 
 
 def page_size_of(kv: str) -> int:
@@ -145,47 +104,65 @@ def page_size_of(kv: str) -> int:
     return 0 if kv == "dense" else int(kv[len("paged"):])
 
 
-# ---------------------------------------------------------------------------- small helpers
+class SdpaDecode:
+    """One decode variant: dtype, head dim, dense KV or a page size, the arch (its shared-memory class
+    picks the tile) and the tile (the family's unless a tuner gives another)."""
 
-def _make_warp_mma(dtype):
-    """One warp's m16n8k16 MMA over a (16, 16*k) tile (the N permutation lets ldmatrix.x4 load B)."""
-    return cute.make_tiled_mma(
-        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)), (1, 1, 1), permutation_mnk=(16, 16, 16))
+    ptxas_levels = PTXAS_LEVELS
+    params = PARAMS
 
+    def __init__(self, variant, tile_: Tile | None = None):
+        if variant.family != "sdpa_decode":
+            raise ValueError(f"not an sdpa_decode variant: {variant.name}")
+        self.variant = variant
+        self.dtype = dtype = DTYPES[variant["dtype"]]
+        self.D = D = int(variant["head_dim"])
+        self.page = page = page_size_of(variant["kv"])
+        arch = variant.arch
+        self.tile = t = tile_ or tile(D, arch)
+        self.KW = KW = t.keys_per_warp
+        self.BN = BN = t.block_n
+        self.SLOTS = SLOTS = t.slots
+        self.TILE = BN * D                       # elements of one K or V tile
+        self.ROW_ITERS = BN // 16                # rows a thread copies per tile
+        self.N_CHUNKS = D // ATOM_COLS           # 64-column chunks of D (O accumulators, V^T fragments)
+        self.PAGED = PAGED = page > 0
+        self.PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
+        self.N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
+        self.LOG2_P = page.bit_length() - 1 if PAGED else 0
+        self.ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
+        self.ML_FLOATS = _WARPS * _ROWS * 2
+        self.OUT_CHUNKS = _ROWS * D // VEC // _THREADS  # 8-column output chunks per thread
+        self.MERGE_TPR = D // MERGE_VEC              # split merge: threads per row
+        self.MERGE_ROWS = _THREADS // self.MERGE_TPR  # rows merged at a time (D 256: 2 rows of 64 threads)
+        smem = t.smem_bytes(D)
+        if (SLOTS < 2 or KW % 16 or D % ATOM_COLS or BN % 16 or (_ROWS * D // VEC) % _THREADS
+                or (PAGED and (page & (page - 1) or page % 16))  # row-iteration j lies in page 16j // P
+                or smem > t.smem_limit):
+            raise ValueError(f"unsupported tile {t} for head_dim {D}, page {page} ({smem} bytes of smem)")
+        ring_elems = (smem - _ROWS * D * 2) // 2
 
-def _build(dtype, head_dim: int, page: int, arch: str):
-    """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
-    D = head_dim
-    cfg = tile_config(D, arch)
-    KW = cfg["kw"]
-    BN = cfg["block_n"]
-    SLOTS = cfg["slots"]
-    TILE = BN * D                       # elements of one K or V tile
-    ROW_ITERS = BN // 16                # rows a thread copies per tile
-    N_CHUNKS = D // ATOM_COLS          # 64-column chunks of D (O accumulators, V^T fragments)
-    PAGED = page > 0
-    PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
-    N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
-    LOG2_P = page.bit_length() - 1 if PAGED else 0
-    ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
-    ML_FLOATS = _WARPS * _ROWS * 2
-    OUT_CHUNKS = _ROWS * D // VEC // _THREADS  # 8-column output chunks per thread
-    MERGE_TPR = D // MERGE_VEC              # split merge: threads per row
-    MERGE_ROWS = _THREADS // MERGE_TPR      # rows merged at a time (D 256: 2 rows of 64 threads)
-    assert SLOTS >= 2 and KW % 16 == 0 and D % ATOM_COLS == 0 and BN % 16 == 0
-    assert (_ROWS * D // VEC) % _THREADS == 0
-    if PAGED:
-        assert page & (page - 1) == 0 and page % 16 == 0  # row-iteration j lies in page 16j // P
-    ring_elems = (cfg["smem"] - cfg["q_bytes"]) // 2
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
 
-    @cute.struct
-    class SharedStorage:
-        sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
-        sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
+        self.smem_size = SharedStorage.size_in_bytes()
+        if self.smem_size != smem:
+            raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {smem}")
+        self.SharedStorage = SharedStorage
 
-    smem_size = SharedStorage.size_in_bytes()
-    if smem_size != cfg["smem"]:
-        raise RuntimeError(f"shared storage is {smem_size} bytes, tile_config() says {cfg['smem']}")
+    def __str__(self) -> str:  # the kernel symbol's mangled name includes it
+        return type(self).__name__
+
+    def pointee_types(self) -> dict:
+        return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
+                "o_partial": Float32, "lse_partial": Float32, "counters": Int32, "page_table": Int32,
+                "seqlens_kv": Int32}
+
+    def launch_facts(self):
+        return launch_facts(self.variant, self.tile)
+
 
     # ------------------------------------------------------------------ global -> smem copies
 
@@ -194,33 +171,33 @@ def _build(dtype, head_dim: int, page: int, arch: str):
     # created inside a loop body would escape it. Bodies read ctx attributes only.
 
     @cute.jit
-    def copy_row(g2s, thr, base, off, dst):
+    def copy_row(self, g2s, thr, base, off, dst):
         """cp.async this thread's chunks of one (., D) row at base + off into dst (CPY, D/64): the
         source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out."""
-        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, D), stride=(0, 1)))
+        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, self.D), stride=(0, 1)))
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
-    def load_pages(ctx, m):
+    def load_pages(self, ctx, m):
         """Page-table entries of block m into ctx.pg (0 for pages at or past hi: never used)."""
         # (tensors written inside staged branches are plain locals: an attribute store through ctx
         # would make the tracer thread ctx itself through the branch)
         pg = ctx.pg
         page_table = ctx.page_table
-        t0 = ctx.lo + m * BN
-        for j in cutlass.range_constexpr(N_PG):
-            tok = t0 + j * page if cutlass.const_expr(page < BN) else t0
+        t0 = ctx.lo + m * self.BN
+        for j in cutlass.range_constexpr(self.N_PG):
+            tok = t0 + j * self.page if cutlass.const_expr(self.page < self.BN) else t0
             pg[j] = Int32(0)
             if tok < ctx.hi:
-                pg[j] = page_table[ctx.pt_row + Int64(tok >> LOG2_P) * ctx.pt_stride_p]
+                pg[j] = page_table[ctx.pt_row + Int64(tok >> self.LOG2_P) * ctx.pt_stride_p]
 
     @cute.jit
-    def load_tile(ctx, tid, slot, m, is_v: cutlass.Constexpr):
+    def load_tile(self, ctx, tid, slot, m, is_v: cutlass.Constexpr):
         """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled."""
         if m < ctx.n_blocks:
             g2s = ctx.g2s
             thr = g2s.get_slice(tid)
-            ring_off = cute.assume(slot * TILE, divby=512)
+            ring_off = cute.assume(slot * self.TILE, divby=512)
             sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
             tXs = thr.partition_D(sT)  # (CPY, BN/16, D/64)
             base = ctx.v if cutlass.const_expr(is_v) else ctx.k
@@ -228,32 +205,32 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             s_tok = ctx.v_stride_token if cutlass.const_expr(is_v) else ctx.k_stride_token
             s_head = ctx.v_stride_head if cutlass.const_expr(is_v) else ctx.k_stride_head
             fixed = Int64(ctx.kvh) * s_head  # + b * stride_page for dense KV
-            if cutlass.const_expr(not PAGED):
+            if cutlass.const_expr(not self.PAGED):
                 fixed = fixed + Int64(ctx.bidx) * s_page
-            tok0 = ctx.lo + m * BN + (tid >> 3)
-            for j in cutlass.range_constexpr(ROW_ITERS):
+            tok0 = ctx.lo + m * self.BN + (tid >> 3)
+            for j in cutlass.range_constexpr(self.ROW_ITERS):
                 tok = tok0 + 16 * j
                 if tok < ctx.hi:
-                    if cutlass.const_expr(PAGED):
-                        pg = ctx.pg[(16 * j) // page if cutlass.const_expr(page < BN) else 0]
-                        off = Int64(pg) * s_page + Int64(tok & (page - 1)) * s_tok + fixed
+                    if cutlass.const_expr(self.PAGED):
+                        pg = ctx.pg[(16 * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
+                        off = Int64(pg) * s_page + Int64(tok & (self.page - 1)) * s_tok + fixed
                     else:
                         off = Int64(tok) * s_tok + fixed
-                    copy_row(g2s, thr, base, off, tXs[None, j, None])
+                    self.copy_row(g2s, thr, base, off, tXs[None, j, None])
                 else:
                     tXs[None, j, None].fill(0)
 
     @cute.jit
-    def issue(ctx, tid, t_issue, m, is_v: cutlass.Constexpr):
+    def issue(self, ctx, tid, t_issue, m, is_v: cutlass.Constexpr):
         """Issue tile t_issue (block m, K or V), commit its group; after a V tile, prefetch the
         next block's page-table entries (used by the next K tile, one step later)."""
-        load_tile(ctx, tid, t_issue % SLOTS, m, is_v)
+        self.load_tile(ctx, tid, t_issue % self.SLOTS, m, is_v)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(PAGED and is_v):
-            load_pages(ctx, m + 1)
+        if cutlass.const_expr(self.PAGED and is_v):
+            self.load_pages(ctx, m + 1)
 
     @cute.jit
-    def prologue(ctx):
+    def prologue(self, ctx):
         """Q tile (rows past group*S_q zero-filled) + tiles 0 .. SLOTS-2 of the ring."""
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         g2s = ctx.g2s
@@ -266,31 +243,31 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             i = rr // ctx.group
             h = ctx.kvh * ctx.group + (rr - i * ctx.group)
             off = Int64(ctx.bidx) * ctx.q_stride_b + Int64(i) * ctx.q_stride_s + Int64(h) * ctx.q_stride_h
-            copy_row(g2s, thr, q, off, tQs[None, 0, None])
+            self.copy_row(g2s, thr, q, off, tQs[None, 0, None])
         else:
             tQs[None, 0, None].fill(0)
-        if cutlass.const_expr(PAGED):
-            load_pages(ctx, Int32(0))
-        for t in cutlass.range_constexpr(SLOTS - 1):
-            issue(ctx, tid, Int32(t), Int32(t // 2), t % 2 == 1)
+        if cutlass.const_expr(self.PAGED):
+            self.load_pages(ctx, Int32(0))
+        for t in cutlass.range_constexpr(self.SLOTS - 1):
+            self.issue(ctx, tid, Int32(t), Int32(t // 2), t % 2 == 1)
 
     # ------------------------------------------------------------------ per-step compute
 
     @cute.jit
-    def k_step(ctx, n, masked: cutlass.Constexpr):
+    def k_step(self, ctx, n, masked: cutlass.Constexpr):
         """Tile 2n (K of block n): S = Q K_w^T over this warp's KW keys, [mask], online softmax, P."""
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n
-        cute.arch.cp_async_wait_group(SLOTS - 2)
+        cute.arch.cp_async_wait_group(self.SLOTS - 2)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + (SLOTS-1)//2, a V tile iff SLOTS is even
-        issue(ctx, tid, t + (SLOTS - 1), n + (SLOTS - 1) // 2, SLOTS % 2 == 0)
+        self.issue(ctx, tid, t + (self.SLOTS - 1), n + (self.SLOTS - 1) // 2, self.SLOTS % 2 == 0)
 
         lane = tid & 31
         wn = tid >> 5
         zero = cute.assume(opaque_i32(Int32(0)), divby=512)
         sQ = cute.make_tensor(ctx.sQ_ptr + zero, ctx.q_layout)
-        k_off = cute.assume((t % SLOTS) * TILE + wn * (KW * ATOM_COLS), divby=512)
+        k_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
         sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, D): this warp's keys
 
         mma = ctx.mma
@@ -303,19 +280,12 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
         tSrQ_v = s2r_Q.retile(tSrQ)
         tSrK_v = s2r_K.retile(tSrK)
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, KW)), Float32)
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, self.KW)), Float32)
         acc_S.fill(0.0)
-        n_k = cute.size(tSsQ.shape[2])
-        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
-        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
-        for kk in cutlass.range_constexpr(n_k):
-            if cutlass.const_expr(kk + 1 < n_k):
-                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
-                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
-            cute.gemm(mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+        gemm_ldmatrix(mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
 
         S_mn = acc_mn_view(acc_S)
-        cS = cute.make_identity_tensor((_ROWS, KW))
+        cS = cute.make_identity_tensor((_ROWS, self.KW))
         t0ScS_mn = acc_mn_view(mma.get_slice(0).partition_C(cS))  # compile-time coordinates
         row_max = ctx.row_max
         row_sum = ctx.row_sum
@@ -323,31 +293,29 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         if cutlass.const_expr(masked):
             # key j = lo + n*BN + wn*KW + c of row r is visible iff j < row_lim[r] (>= lo always)
             col0 = thr_mma.partition_C(cS)[0][1]
-            key0 = ctx.lo + n * BN + wn * KW + col0
+            key0 = ctx.lo + n * self.BN + wn * self.KW + col0
         for r in cutlass.range_constexpr(2):
             if cutlass.const_expr(masked):
-                lim = ctx.row_lim[r] - key0
-                for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim else Float32(NEG_INF)
+                mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
-            for h in cutlass.range_constexpr(N_CHUNKS):
+            for h in cutlass.range_constexpr(self.N_CHUNKS):
                 O_mn = acc_mn_view(ctx.acc_O[h])
                 O_mn[r, None].store(O_mn[r, None].load() * alpha)
-        ctx.rP.store(acc_S.load().to(dtype))
+        ctx.rP.store(acc_S.load().to(self.dtype))
 
     @cute.jit
-    def v_step(ctx, n):
+    def v_step(self, ctx, n):
         """Tile 2n+1 (V of block n): O += P V_w over this warp's KW keys, 64 columns of D at a time."""
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n + 1
-        cute.arch.cp_async_wait_group(SLOTS - 2)
+        cute.arch.cp_async_wait_group(self.SLOTS - 2)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + SLOTS//2, a V tile iff SLOTS is odd
-        issue(ctx, tid, t + (SLOTS - 1), n + SLOTS // 2, SLOTS % 2 == 1)
+        self.issue(ctx, tid, t + (self.SLOTS - 1), n + self.SLOTS // 2, self.SLOTS % 2 == 1)
 
         lane = tid & 31
         wn = tid >> 5
-        v_off = cute.assume((t % SLOTS) * TILE + wn * (KW * ATOM_COLS), divby=512)
+        v_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
         sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, D): this warp's keys
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
@@ -357,14 +325,14 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         srcs = []
         frags = []
         views = []
-        for h in cutlass.range_constexpr(N_CHUNKS):
-            sV_h = cute.local_tile(sV, (KW, ATOM_COLS), (0, h))
-            sVt_h = cute.composition(sV_h, cute.make_layout((ATOM_COLS, KW), stride=(KW, 1)))  # V^T
+        for h in cutlass.range_constexpr(self.N_CHUNKS):
+            sV_h = cute.local_tile(sV, (self.KW, ATOM_COLS), (0, h))
+            sVt_h = cute.composition(sV_h, cute.make_layout((ATOM_COLS, self.KW), stride=(self.KW, 1)))  # V^T
             frag = thr_mma.make_fragment_B(thr_mma.partition_B(sVt_h))
             srcs.append(s2r_V.partition_S(sVt_h))
             frags.append(frag)
             views.append(s2r_V.retile(frag))
-        steps = [(h, kk) for h in range(N_CHUNKS) for kk in range(n_kk)]
+        steps = [(h, kk) for h in range(self.N_CHUNKS) for kk in range(n_kk)]
         h0, kk0 = steps[0]
         cute.copy(s2r_V, srcs[h0][None, None, kk0], views[h0][None, None, kk0])
         for i in cutlass.range_constexpr(len(steps)):
@@ -376,7 +344,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             cute.gemm(mma, acc, tOrP[None, None, kk], frags[h][None, None, kk], acc)
 
     @cute.jit
-    def epilogue(ctx):
+    def epilogue(self, ctx):
         """Merge the 4 warps' (max, sum, O) through smem; write O / LSE or the partials."""
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         lane = tid & 31
@@ -387,7 +355,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         mbase = ctx.merge_ptr
-        cS = cute.make_identity_tensor((_ROWS, KW))
+        cS = cute.make_identity_tensor((_ROWS, self.KW))
         tScS = thr_mma.partition_C(cS)
         t0ScS_mn = acc_mn_view(mma.get_slice(0).partition_C(cS))
         row0 = tScS[0][0]
@@ -397,20 +365,20 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                 idx = (wn * _ROWS + row0 + t0ScS_mn[r, 0][0]) * 2
                 mbase[idx] = ctx.row_max[r]
                 mbase[idx + 1] = total
-        acc_base = mbase + cute.assume(ML_FLOATS + wn * (_ROWS * ACC_LD), divby=32)
-        for h in cutlass.range_constexpr(N_CHUNKS):
+        acc_base = mbase + cute.assume(self.ML_FLOATS + wn * (_ROWS * self.ACC_LD), divby=32)
+        for h in cutlass.range_constexpr(self.N_CHUNKS):
             sAcc = cute.make_tensor(acc_base + h * ATOM_COLS,
-                                    cute.make_layout((_ROWS, ATOM_COLS), stride=(ACC_LD, 1)))
+                                    cute.make_layout((_ROWS, ATOM_COLS), stride=(self.ACC_LD, 1)))
             cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
         cute.arch.barrier()
 
         scale_log2 = ctx.scale_log2
         lse = ctx.lse
         lse_partial = ctx.lse_partial
-        for j in cutlass.range_constexpr(OUT_CHUNKS):
+        for j in cutlass.range_constexpr(self.OUT_CHUNKS):
             qc = tid + _THREADS * j
-            row = qc // (D // VEC)
-            c0 = (qc - row * (D // VEC)) * VEC
+            row = qc // (self.D // VEC)
+            c0 = (qc - row * (self.D // VEC)) * VEC
             rr = ctx.row_tile * _ROWS + row
             if rr < ctx.n_rows:
                 m_all = Float32(NEG_INF)
@@ -424,7 +392,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                     e = cute.math.exp2(mbase[(w * _ROWS + row) * 2] * scale_log2 - m_s, fastmath=True)
                     total = total + e * mbase[(w * _ROWS + row) * 2 + 1]
                     src = cute.make_tensor(
-                        mbase + cute.assume(ML_FLOATS + (w * _ROWS + row) * ACC_LD + c0, divby=VEC),
+                        mbase + cute.assume(self.ML_FLOATS + (w * _ROWS + row) * self.ACC_LD + c0, divby=VEC),
                         cute.make_layout(VEC))
                     acc.store(acc.load() + src.load() * e)
                 inv = Float32(0.0)
@@ -447,18 +415,18 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                     off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s
                            + Int64(h) * ctx.o_stride_h + Int64(c0))
                     dst = cute.make_tensor(ctx.o + cute.assume(off, divby=VEC), cute.make_layout(VEC))
-                    dst.store(res.to(dtype))
+                    dst.store(res.to(self.dtype))
                     if ctx.write_lse != 0:
                         if c0 == 0:
                             lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
                                     + Int64(i) * ctx.lse_stride_s] = lse_v
         if ctx.write_partial != 0:
-            split_arrive(ctx, tid)
+            self.split_arrive(ctx, tid)
             if mbase[0] != Float32(0.0):
-                merge_splits(ctx, tid)
+                self.merge_splits(ctx, tid)
 
     @cute.jit
-    def split_arrive(ctx, tid):
+    def split_arrive(self, ctx, tid):
         """Split-KV: after this CTA's partials are stored, draw a ticket from the (b, kv head, row tile)
         counter; True (1.0 in smem) for the CTA drawing the last one, which resets the counter."""
         mbase = ctx.merge_ptr
@@ -482,14 +450,14 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         cute.arch.barrier()
 
     @cute.jit
-    def merge_splits(ctx, tid):
+    def merge_splits(self, ctx, tid):
         """The last split's CTA: O = sum_s exp(lse_s - lse) O_s, lse = log sum_s exp(lse_s), over the
         CTA's real rows; MERGE_TPR threads (MERGE_VEC fp32 columns each) per row, MERGE_ROWS rows at a
         time, each thread one pass over the splits with MERGE_UNROLL 16-byte partial loads in flight
         (the partials were just written: L2 hits). Every partial is finite (an empty split stores
         O = 0, LSE = -inf), so a zero weight never meets a NaN."""
-        slice_idx = tid // MERGE_TPR
-        lane = tid - slice_idx * MERGE_TPR
+        slice_idx = tid // self.MERGE_TPR
+        lane = tid - slice_idx * self.MERGE_TPR
         n_real = cutlass.min(ctx.n_rows - ctx.row_tile * _ROWS, Int32(_ROWS))
         splits = ctx.num_splits
         lse_partial = ctx.lse_partial
@@ -498,8 +466,8 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         lse = ctx.lse
         lp_split = ctx.lp_stride_split
         op_split = ctx.op_stride_split
-        for it in cutlass.range((n_real + (MERGE_ROWS - 1)) // MERGE_ROWS, unroll=1):
-            row = it * MERGE_ROWS + slice_idx
+        for it in cutlass.range((n_real + (self.MERGE_ROWS - 1)) // self.MERGE_ROWS, unroll=1):
+            row = it * self.MERGE_ROWS + slice_idx
             valid = row < n_real
             rr = ctx.row_tile * _ROWS + row
             i = rr // ctx.group
@@ -548,7 +516,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
                 off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s + Int64(h) * ctx.o_stride_h
                        + Int64(lane * MERGE_VEC))
                 dst = cute.make_tensor(o + cute.assume(off, divby=MERGE_VEC), cute.make_layout(MERGE_VEC))
-                dst.store((acc.load() * inv).to(dtype))
+                dst.store((acc.load() * inv).to(self.dtype))
                 if ctx.write_lse != 0:
                     if lane == 0:
                         lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
@@ -556,6 +524,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
 
     @cute.kernel
     def sdpa_decode_kernel(
+        self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
         seqlens_kv: cute.Pointer,
@@ -571,7 +540,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
     ):
-        if cutlass.const_expr(PDL):
+        if cutlass.const_expr(self.PDL):
             # a kernel the caller launches next as a programmatic dependent (e.g. the output projection,
             # which must griddepcontrol.wait before reading O) may be dispatched now, hiding its launch
             cute.arch.griddepcontrol_launch_dependents()
@@ -589,30 +558,29 @@ def _build(dtype, head_dim: int, page: int, arch: str):
 
         # ------------------------------------------------------------ this split's kv range
         s_kv = cutlass.max(seqlens_kv[bidx], Int32(0))
-        if cutlass.const_expr(PAGED):
+        if cutlass.const_expr(self.PAGED):
             # a sequence longer than its page-table row is cut there (never read past the row)
-            if Int64(s_kv) > Int64(max_pages) * page:
-                s_kv = cutlass.max(max_pages, Int32(0)) * page
+            if Int64(s_kv) > Int64(max_pages) * self.page:
+                s_kv = cutlass.max(max_pages, Int32(0)) * self.page
         per_split = (s_kv + (num_splits - 1)) // num_splits
-        chunk = (per_split + (BN - 1)) // BN * BN
+        chunk = (per_split + (self.BN - 1)) // self.BN * self.BN
         lo = split * chunk
         hi = cutlass.min(lo + chunk, s_kv)
         n_blocks = Int32(0)
         if hi > lo:
-            n_blocks = (hi - lo + (BN - 1)) // BN
+            n_blocks = (hi - lo + (self.BN - 1)) // self.BN
         # blocks below min(hi, S_kv - S_q + 1) are visible to every row: no mask
         lim_all = cutlass.min(hi, s_kv - seqlen_q + 1)
         n_unmasked = Int32(0)
         if lim_all > lo:
-            n_unmasked = (lim_all - lo) // BN
+            n_unmasked = (lim_all - lo) // self.BN
 
-        storage = SmemAllocator().allocate(SharedStorage)
-        tiled_mma = _make_warp_mma(dtype)
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
-        ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
+        storage = SmemAllocator().allocate(self.SharedStorage)
+        tiled_mma = make_warp_mma(self.dtype, 1)
+        ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
         sQ_ptr = storage.sQ.data_ptr()
         ring_ptr = storage.sKV.data_ptr()
-        tile_layout = smem_tile_layout(BN, D)
+        tile_layout = smem_tile_layout(self.BN, self.D)
         ctx = SimpleNamespace(
             tidx=Int32(tidx), split=split, bidx=bidx, kvh=kvh, row_tile=row_tile,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
@@ -633,22 +601,22 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             scale_log2=softmax_scale * Float32(LOG2_E),
             sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
-            q_layout=smem_tile_layout(_ROWS, D),
+            q_layout=smem_tile_layout(_ROWS, self.D),
             tile_layout=tile_layout,
             # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
-            warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (KW, D), (0, 0)).layout,
-            g2s=make_g2s(dtype, _THREADS),
+            warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (self.KW, self.D), (0, 0)).layout,
+            g2s=make_g2s(self.dtype, _THREADS),
             mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
         )
-        if cutlass.const_expr(PAGED):
-            ctx.pg = cute.make_rmem_tensor((N_PG,), Int32)
+        if cutlass.const_expr(self.PAGED):
+            ctx.pg = cute.make_rmem_tensor((self.N_PG,), Int32)
         # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums
         thr_mma0 = tiled_mma.get_slice(Int32(tidx) & 31)
         ctx.acc_O = []
-        for h in cutlass.range_constexpr(N_CHUNKS):
+        for h in cutlass.range_constexpr(self.N_CHUNKS):
             acc = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, ATOM_COLS)), Float32)
             acc.fill(0.0)
             ctx.acc_O.append(acc)
@@ -656,9 +624,9 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         ctx.row_sum = cute.make_rmem_tensor((2,), Float32)
         ctx.row_max.fill(NEG_INF)
         ctx.row_sum.fill(0.0)
-        ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, KW)), dtype)
+        ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, self.KW)), self.dtype)
         # key limit of this thread's two rows: j < min(hi, S_kv - S_q + 1 + i)
-        cS = cute.make_identity_tensor((_ROWS, KW))
+        cS = cute.make_identity_tensor((_ROWS, self.KW))
         t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
         row0 = thr_mma0.partition_C(cS)[0][0]
         row_lim = cute.make_rmem_tensor((2,), Int32)
@@ -667,17 +635,18 @@ def _build(dtype, head_dim: int, page: int, arch: str):
             row_lim[r] = cutlass.min(hi, s_kv - seqlen_q + 1 + i_r)
         ctx.row_lim = row_lim
 
-        prologue(ctx)
+        self.prologue(ctx)
         for t in cutlass.range(n_unmasked, unroll=1):
-            k_step(ctx, t, False)
-            v_step(ctx, t)
+            self.k_step(ctx, t, False)
+            self.v_step(ctx, t)
         for t in cutlass.range(n_blocks - n_unmasked, unroll=1):
-            k_step(ctx, n_unmasked + t, True)
-            v_step(ctx, n_unmasked + t)
-        epilogue(ctx)
+            self.k_step(ctx, n_unmasked + t, True)
+            self.v_step(ctx, n_unmasked + t)
+        self.epilogue(ctx)
 
     @cute.jit
-    def sdpa_decode_host(
+    def __call__(
+        self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
         seqlens_kv: cute.Pointer,
@@ -697,7 +666,7 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         # with the same block and dynamic smem.
         group = heads_q // heads_kv
         row_tiles = (group * seqlen_q + (_ROWS - 1)) // _ROWS
-        sdpa_decode_kernel(
+        self.sdpa_decode_kernel(
             q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlens_kv,
             batch, seqlen_q, heads_q, heads_kv, num_splits, max_pages, write_lse, write_partial,
             softmax_scale,
@@ -712,10 +681,9 @@ def _build(dtype, head_dim: int, page: int, arch: str):
         ).launch(
             grid=[num_splits, heads_kv * row_tiles, batch],
             block=[_THREADS, 1, 1],
-            smem=smem_size,
+            smem=self.smem_size,
         )
 
-    return sdpa_decode_host
 
 
 # ---------------------------------------------------------------------------- static checks
@@ -737,11 +705,11 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
     4. The warp view (rows [0, KW) of a tile at offset w*KW*64) addresses exactly rows
        w*KW .. w*KW+KW-1 of the (BN, D) tile layout.
     """
-    cfg = tile_config(head_dim, arch)
-    KW, BN = cfg["kw"], cfg["block_n"]
+    tl = tile(head_dim, arch)
+    KW, BN = tl.keys_per_warp, tl.block_n
     D = head_dim
     errors = []
-    mma = _make_warp_mma(dtype)
+    mma = make_warp_mma(dtype, 1)
     g2s = make_g2s(dtype, _THREADS)
     cS = cute.make_identity_tensor((_ROWS, KW))
     t0S = acc_mn_view(mma.get_slice(0).partition_C(cS))
@@ -785,13 +753,13 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
                         errors.append(f"thread {t}: row-iteration {j} element {e} at {sub[e]}, source column {src[e][1]}")
                         break
     p_tile = cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024)
-    tile = cute.make_tensor(p_tile, smem_tile_layout(BN, D))
-    wl = cute.local_tile(tile, (KW, D), (0, 0)).layout
+    tile_t = cute.make_tensor(p_tile, smem_tile_layout(BN, D))
+    wl = cute.local_tile(tile_t, (KW, D), (0, 0)).layout
     for w in range(_WARPS):
         for rr in range(KW):
             for cc in range(0, D, 8):
                 a = wl((rr, cc)) + w * KW * ATOM_COLS
-                b = tile.layout((w * KW + rr, cc))
+                b = tile_t.layout((w * KW + rr, cc))
                 if a != b:
                     errors.append(f"warp {w}: view ({rr},{cc}) at {a}, tile row {w * KW + rr} at {b}")
                     break
@@ -813,46 +781,9 @@ def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90"
 
 # ---------------------------------------------------------------------------- compile
 
-def _placeholders(dtype) -> list:
-    pointers = {n: (dtype, 16) for n in ("q", "k", "v", "o")}
-    pointers.update(lse=(Float32, 4), o_partial=(Float32, 16), lse_partial=(Float32, 4), counters=(Int32, 4),
-                    page_table=(Int32, 4), seqlens_kv=(Int32, 4))
-    return placeholders(PARAMS, pointers)
-
-
-def _check_params() -> None:
-    check_param_kinds("sdpa_decode", PARAMS, ["ptr"] * 10 + ["i32"] * 8 + ["f32"] + ["i64"] * 25)
-
-
-def _compile(variant, dump_dir: str, keep_ptx: bool):
-    _check_params()
-    if variant.family != "sdpa_decode":
-        raise ValueError(f"not an sdpa_decode variant: {variant.name}")
-    dtype = DTYPES[variant["dtype"]]
-    head_dim = int(variant["head_dim"])
-    page = page_size_of(variant["kv"])
-    return compile_least_spilling(
-        lambda: _build(dtype, head_dim, page, variant.arch),
-        _placeholders(dtype), variant.arch, dump_dir, keep_ptx)
-
-
-def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
-    """Compile one sdpa_decode variant for variant.arch.
-
-    Returns (cubin bytes, kernel symbol, {"dynamic_smem": bytes}). The entry's parameters are
-    exactly aotc.families.sdpa_decode.PARAMS, in order; the launch is block (128, 1, 1),
-    grid (num_splits, heads_kv * ceil(group * seqlen_q / ROWS_PER_CTA), batch) with dynamic_smem
-    bytes of dynamic shared memory (over 48 KiB: the runtime raises the kernel's attribute).
-    """
-    _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
-    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]), variant.arch)}
-
-
-def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, dict, str]:
-    """Like compile(), also returning the PTX text; the dict also carries the ptxas level used,
-    the stack frame bytes (0: no spills) and the tile configuration."""
-    compiled, cubin, symbol, frame, level = _compile(variant, dump_dir, keep_ptx=True)
-    head_dim = int(variant["head_dim"])
-    facts = {"dynamic_smem": smem_bytes(head_dim, variant.arch), "ptxas": level, "frame_bytes": frame,
-             **tile_config(head_dim, variant.arch)}
-    return cubin, symbol, facts, str(compiled.__ptx__)
+def compile(variant, *, dump_dir: str, keep_ptx: bool = False, tile: Tile | None = None) -> KernelBuild:
+    """Compile one sdpa_decode variant for variant.arch (the family's tile for its head dim and arch, or
+    `tile`). The entry's parameters are exactly aotc.families.sdpa_decode.PARAMS; the launch is block
+    (128, 1, 1), grid (num_splits, heads_kv * ceil(group * seqlen_q / ROWS_PER_CTA), batch) with the
+    recorded dynamic shared memory (over 48 KiB: the runtime raises the kernel's attribute)."""
+    return compile_kernel(SdpaDecode(variant, tile), variant.arch, dump_dir, keep_ptx=keep_ptx)

@@ -60,56 +60,67 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill import PARAMS, TILES
-from ._attention import (ATOM_COLS, DTYPES, LOG2_E, MAX_SLACK_LOG2, NEG_INF, VEC, acc_mn_view, acc_to_a_operand,
-                         kv_block_range, make_g2s, make_s2g, normalize_rows, opaque_i32, seq_bounds, smem_tile_layout,
-                         softmax_row)
-from ._compile import check_param_kinds, compile_least_spilling, placeholders
+from ..families.sdpa_prefill import PARAMS, TILES, Tile, launch_facts, smem_bytes
+from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .mask import kv_block_range, mask_row, score_limits
+from .seqlen import seq_bounds
+from .softmax import LOG2_E, MAX_SLACK_LOG2, NEG_INF, normalize_rows, rescale_rows, softmax_row, store_lse_rows
+from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms, make_g2s,
+                       make_s2g, make_warp_mma, opaque_i32, smem_tile_layout)
 
-
-
-def smem_bytes(head_dim: int) -> int:
-    """Dynamic shared memory of one CTA: a Q tile, a K tile and a V tile of 2-byte elements."""
-    bm, bn, _ = TILES[head_dim]
-    return (bm * head_dim + 2 * bn * head_dim) * 2
-
-
-# ---------------------------------------------------------------------------- layout helpers
 
 def _chunked_n(t: cute.Tensor) -> cute.Tensor:
     """(V, M, N) accumulator -> (V, M, (8, N/8)): mode (None, h) is the h-th 64 columns."""
     return cute.make_tensor(t.iterator, cute.logical_divide(t.layout, (None, None, ATOM_COLS // 8)))
 
 
-def _make_tiled_mma(dtype, warps: int):
-    return cute.make_tiled_mma(
-        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
-        (warps, 1, 1),
-        permutation_mnk=(warps * 16, 16, 16),
-    )
+class SdpaPrefill:
+    """One portable prefill variant: dtype, head dim, dense or ragged, causal or not, general or packed
+    strides, and the tile it runs (the family's for the head dim unless a tuner gives another)."""
 
+    ptxas_levels = PTXAS_LEVELS
+    params = PARAMS
 
-def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
-    """The @cute.jit host function of one variant (its kernel has exactly PARAMS)."""
-    bm, bn, warps = TILES[head_dim]
-    D = head_dim
-    threads = 32 * warps
-    if D % ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
-        raise ValueError(f"unsupported tile {TILES[head_dim]} for head_dim {head_dim}")
-    assert not (ragged and packed)
-    # lazy O rescale (aotc.kernels._attention.MAX_SLACK_LOG2) where a thread's O tile outnumbers its scores
-    # (D > block_n: 4x for D128 and D256), +1-4% on the H200; D64 (equal tiles) lost 1-2% with it
-    lazy_rescale = D > bn
+    def __init__(self, variant, tile: Tile | None = None):
+        if variant.family != "sdpa_prefill":
+            raise ValueError(f"not an sdpa_prefill variant: {variant.name}")
+        self.variant = variant
+        self.dtype = dtype = DTYPES[variant["dtype"]]
+        self.D = D = int(variant["head_dim"])
+        self.ragged = ragged = variant["layout"] == "ragged"
+        self.causal = variant["causal"]
+        self.packed = packed = variant["strides"] == "packed"
+        self.tile = tile or TILES[D]
+        self.bm, self.bn, self.warps = bm, bn, warps = self.tile.block_m, self.tile.block_n, self.tile.warps
+        self.threads = threads = self.tile.threads
+        if D % ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
+            raise ValueError(f"unsupported tile {self.tile} for head_dim {D}")
+        if ragged and packed:
+            raise ValueError(f"{variant.name}: the packed specialization is for dense layouts")
+        # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2) where a thread's O tile outnumbers its scores
+        # (D > block_n: 4x for D128 and D256), +1-4% on the H200; D64 (equal tiles) lost 1-2% with it
+        self.lazy_rescale = D > bn
 
-    @cute.struct
-    class SharedStorage:
-        sQ: cute.struct.Align[cute.struct.MemRange[dtype, bm * D], 1024]
-        sK: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
-        sV: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, bm * D], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
 
-    smem_size = SharedStorage.size_in_bytes()
-    if smem_size != smem_bytes(D):
-        raise RuntimeError(f"shared storage is {smem_size} bytes, smem_bytes() says {smem_bytes(D)}")
+        self.smem_size = SharedStorage.size_in_bytes()
+        if self.smem_size != smem_bytes(D, self.tile):
+            raise RuntimeError(f"shared storage is {self.smem_size} bytes, smem_bytes() says {smem_bytes(D, self.tile)}")
+        self.SharedStorage = SharedStorage
+
+    def __str__(self) -> str:  # the kernel symbol's mangled name includes it
+        return type(self).__name__
+
+    def pointee_types(self) -> dict:
+        return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
+                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32}
+
+    def launch_facts(self):
+        return launch_facts(self.variant, self.tile)
 
     # Every per-thread partition below is derived from an opaque copy of the thread index, made
     # separately in the prologue, in each kv iteration and in the epilogue. Otherwise LLVM
@@ -117,15 +128,15 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     # ptxas spills them); recomputing them costs a few integer ops per iteration.
 
     @cute.jit
-    def load_kv_tile(ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
+    def load_kv_tile(self, ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
         """cp.async the (bn, D) tile n of K or V into sX; predicated: rows >= S_kv are zero-filled."""
         thr = ctx.g2s.get_slice(tid)
         tXgX = thr.partition_S(gX)  # (CPY, CPY_N, CPY_D, n_blocks)
         tXsX = thr.partition_D(sX)
         if cutlass.const_expr(predicated):
-            cKV = cute.make_identity_tensor((bn, D))
+            cKV = cute.make_identity_tensor((self.bn, self.D))
             t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)  # compile-time row offsets
-            lim = ctx.s_kv - n * bn - thr.partition_S(cKV)[0][0]
+            lim = ctx.s_kv - n * self.bn - thr.partition_S(cKV)[0][0]
             for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
                 if t0XcX[0, r, 0][0] < lim:
                     cute.copy(ctx.g2s, tXgX[None, r, None, n], tXsX[None, r, None])
@@ -135,35 +146,35 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             cute.copy(ctx.g2s, tXgX[None, None, None, n], tXsX)
 
     @cute.jit
-    def prologue(ctx, n_max):
+    def prologue(self, ctx, n_max):
         """cp.async the Q tile (rows >= S_q zero-filled) and the K tile of block n_max - 1."""
-        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (self.threads - 1)  # the mask tells LLVM 0 <= tid < threads
         thr = ctx.g2s.get_slice(tid)
         tQgQ = thr.partition_S(ctx.gQ)
         tQsQ = thr.partition_D(ctx.sQ)
-        cQ = cute.make_identity_tensor((bm, D))
+        cQ = cute.make_identity_tensor((self.bm, self.D))
         t0QcQ = ctx.g2s.get_slice(0).partition_S(cQ)
-        lim = ctx.s_q - ctx.m_block * bm - thr.partition_S(cQ)[0][0]
+        lim = ctx.s_q - ctx.m_block * self.bm - thr.partition_S(cQ)[0][0]
         for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
             if t0QcQ[0, m, 0][0] < lim:
                 cute.copy(ctx.g2s, tQgQ[None, m, None], tQsQ[None, m, None])
             else:
                 tQsQ[None, m, None].fill(0)
         if n_max > 0:
-            load_kv_tile(ctx, tid, ctx.gK, ctx.sK, n_max - 1, True)
+            self.load_kv_tile(ctx, tid, ctx.gK, ctx.sK, n_max - 1, True)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def kv_block(ctx, n, masked: cutlass.Constexpr):
+    def kv_block(self, ctx, n, masked: cutlass.Constexpr):
         """kv block n: S = Q K^T, [mask], online softmax, O += P V; overlaps the V[n], K[n-1] loads."""
-        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (self.threads - 1)  # the mask tells LLVM 0 <= tid < threads
         # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
         # are not hoisted out of the loop either: the constants stay instruction immediates
         zero = cute.assume(opaque_i32(Int32(0)), divby=1024)
         sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
         sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
-        sVt = cute.composition(sV, cute.make_layout((D, bn), stride=(bn, 1)))  # V^T (D, bn)
+        sVt = cute.composition(sV, cute.make_layout((self.D, self.bn), stride=(self.bn, 1)))  # V^T (D, bn)
 
         tiled_mma = ctx.tiled_mma
         thr_mma = tiled_mma.get_slice(tid)
@@ -180,36 +191,29 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         tSrK_v = s2r_K.retile(tSrK)
         tOrVt_v = s2r_V.retile(tOrVt)
         acc_O = ctx.acc_O
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), Float32)
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.bm, self.bn)), Float32)
         acc_S.fill(0.0)
 
         # K[n] (and Q) landed; every warp is done with V[n+1]: refill the V buffer
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        load_kv_tile(ctx, tid, ctx.gV, sV, n, masked)
+        self.load_kv_tile(ctx, tid, ctx.gV, sV, n, masked)
         cute.arch.cp_async_commit_group()
 
         # S = Q K^T; the next k-slice's fragments are loaded while the current one multiplies
-        n_k = cute.size(tSsQ.shape[2])
-        cute.copy(s2r_Q, tSsQ[None, None, 0], tSrQ_v[None, None, 0])
-        cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
-        for kk in cutlass.range_constexpr(n_k):
-            if cutlass.const_expr(kk + 1 < n_k):
-                cute.copy(s2r_Q, tSsQ[None, None, kk + 1], tSrQ_v[None, None, kk + 1])
-                cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
-            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+        gemm_ldmatrix(tiled_mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
 
         # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (entirely in bounds)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n > 0:
-            load_kv_tile(ctx, tid, ctx.gK, sK, n - 1, False)
+            self.load_kv_tile(ctx, tid, ctx.gK, sK, n - 1, False)
         cute.arch.cp_async_commit_group()
 
         # [mask], online softmax, rescale O
         S_mn = acc_mn_view(acc_S)
         O_mn = acc_mn_view(acc_O)
-        cS = cute.make_identity_tensor((bm, bn))
+        cS = cute.make_identity_tensor((self.bm, self.bn))
         t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))  # compile-time coords
         row_max = ctx.row_max
         row_sum = ctx.row_sum
@@ -219,37 +223,29 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             tScS = thr_mma.partition_C(cS)
             row0 = tScS[0][0]
             col0 = tScS[0][1]
-            # key j (tile column c = j - n*bn) is visible to query i (tile row) iff j < S_kv
-            # and, causal, j <= i + S_kv - S_q, i.e. c < limit(row)
-            col_lim = ctx.s_kv - n * bn - col0
-            causal_lim = ctx.m_block * bm + row0 + 1 + ctx.s_kv - ctx.s_q - n * bn - col0
-        if cutlass.const_expr(lazy_rescale):
+            key_lim, causal_lim = score_limits(ctx.m_block * self.bm + row0, n * self.bn, col0, ctx.s_q, ctx.s_kv)
+        if cutlass.const_expr(self.lazy_rescale):
             alpha = cute.make_rmem_tensor((cute.size(row_max),), Float32)
             changed = False
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(masked):
-                lim_r = col_lim
-                if cutlass.const_expr(causal):
-                    lim_r = cutlass.min(col_lim, causal_lim + t0ScS_mn[r, 0][0])
-                for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-                    S_mn[r, c] = S_mn[r, c] if t0ScS_mn[0, c][1] < lim_r else Float32(NEG_INF)
-            if cutlass.const_expr(lazy_rescale):
+                mask_row(S_mn, r, t0ScS_mn, key_lim, causal_lim, self.causal)
+            if cutlass.const_expr(self.lazy_rescale):
                 alpha[r] = softmax_row(S_mn, row_max, row_sum, r, scale_log2, MAX_SLACK_LOG2)
                 changed = changed | (alpha[r] != Float32(1.0))
             else:
                 O_mn[r, None].store(O_mn[r, None].load() * softmax_row(S_mn, row_max, row_sum, r, scale_log2))
-        if cutlass.const_expr(lazy_rescale):
+        if cutlass.const_expr(self.lazy_rescale):
             if cute.arch.vote_any_sync(changed):  # warp-uniform: skipped while no row of the warp moved its max
-                for r in cutlass.range_constexpr(cute.size(row_max)):
-                    O_mn[r, None].store(O_mn[r, None].load() * alpha[r])
+                rescale_rows(O_mn, alpha)
 
         # O += P V; P converted in registers and viewed as the A operand
-        rP = cute.make_rmem_tensor_like(acc_S, dtype)
-        rP.store(acc_S.load().to(dtype))
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
         tOrP = cute.make_tensor(rP.iterator, acc_to_a_operand(rP.layout))
         # in 64-column chunks of D (one smem atom of V): only one chunk's V fragments (and the
         # next prefetched ones) are live at a time
-        n_chunks = D // ATOM_COLS
+        n_chunks = self.D // ATOM_COLS
         steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
         acc_O_c = _chunked_n(acc_O)
 
@@ -271,9 +267,9 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 cute.gemm(tiled_mma, acc_h, tOrP[None, None, kk], tOrVt[None, (None, h), kk], acc_h)
 
     @cute.jit
-    def epilogue(ctx):
+    def epilogue(self, ctx):
         """O = acc / rowsum -> smem (the Q buffer) -> 128-bit stores of rows < S_q; LSE."""
-        tid = opaque_i32(ctx.tidx) & (threads - 1)  # the mask tells LLVM 0 <= tid < threads
+        tid = opaque_i32(ctx.tidx) & (self.threads - 1)  # the mask tells LLVM 0 <= tid < threads
         tiled_mma = ctx.tiled_mma
         thr_mma = tiled_mma.get_slice(tid)
         acc_O = ctx.acc_O
@@ -287,8 +283,8 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         # every cp.async retired (the Q tile too when no kv block ran), every warp done with sQ
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        rO = cute.make_rmem_tensor_like(acc_O, dtype)
-        rO.store(acc_O.load().to(dtype))
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
         sO = ctx.sQ
         r2s = ctx.r2s.get_slice(tid)
         cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
@@ -297,30 +293,26 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         s2g_thr = ctx.s2g.get_slice(tid)
         tOsO = s2g_thr.partition_S(sO)
         tOgO = s2g_thr.partition_D(ctx.gO)
-        tOrO = cute.make_rmem_tensor_like(tOsO, dtype)
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
         cute.autovec_copy(tOsO, tOrO)
-        cO = cute.make_identity_tensor((bm, D))
+        cO = cute.make_identity_tensor((self.bm, self.D))
         t0OcO = ctx.s2g.get_slice(0).partition_S(cO)
-        o_lim = ctx.s_q - ctx.m_block * bm - s2g_thr.partition_S(cO)[0][0]
+        o_lim = ctx.s_q - ctx.m_block * self.bm - s2g_thr.partition_S(cO)[0][0]
         for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
             if t0OcO[0, m, 0][0] < o_lim:
                 cute.copy(ctx.s2g, tOrO[None, m, None], tOgO[None, m, None])
 
         if ctx.write_lse != 0:
-            cS = cute.make_identity_tensor((bm, bn))
+            cS = cute.make_identity_tensor((self.bm, self.bn))
             tScS = thr_mma.partition_C(cS)
             t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
-            row0 = tScS[0][0]
             if tScS[0][1] == 0:  # one thread of each quad writes the quad's rows
-                row_lim = ctx.s_q - ctx.m_block * bm - row0
-                for r in cutlass.range_constexpr(n_rows):
-                    rr = t0ScS_mn[r, 0][0]
-                    if rr < row_lim:
-                        i = Int64(ctx.m_block * bm + row0 + rr)
-                        ctx.lse[ctx.lse_off + i * ctx.lse_ss] = lse_r[r]
+                store_lse_rows(ctx.lse, ctx.lse_off, ctx.lse_ss, lse_r, t0ScS_mn, ctx.m_block * self.bm, tScS[0][0],
+                               ctx.s_q)
 
     @cute.kernel
     def sdpa_prefill_kernel(
+        self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
@@ -335,7 +327,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, bidx = cute.arch.block_idx()
         m_block = Int32(m_block)
-        if cutlass.const_expr(causal):
+        if cutlass.const_expr(self.causal):
             # longest first: under the bottom-right mask a tile's cost grows with m_block, and the
             # blocks are dispatched in blockIdx order, so the last (most expensive) tiles of each
             # head would otherwise start last and leave a long tail
@@ -344,23 +336,23 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
         head = Int32(head)
         bidx = Int32(bidx)
 
-        q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, ragged)
+        q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, self.ragged)
 
         # the grid covers max_seqlen_q: tiles past this sequence's end do nothing
-        if m_block * bm < s_q:
+        if m_block * self.bm < s_q:
             kv_head = head // (heads_q // heads_kv)
 
             # -------------------------------------------------------- global tensors
-            if cutlass.const_expr(packed):
+            if cutlass.const_expr(self.packed):
                 # contiguous [B, S, H, D]: 64-bit batch offset, 32-bit offsets inside a batch
-                q_row = cute.assume(heads_q * D, divby=VEC)
-                kv_row = cute.assume(heads_kv * D, divby=VEC)
+                q_row = cute.assume(heads_q * self.D, divby=VEC)
+                kv_row = cute.assume(heads_kv * self.D, divby=VEC)
                 q_base = cute.assume(Int64(bidx) * Int64(s_q) * Int64(q_row), divby=VEC)
                 kv_base = cute.assume(Int64(bidx) * Int64(s_kv) * Int64(kv_row), divby=VEC)
-                q_ptr = q + q_base + cute.assume(head * D, divby=VEC)
-                o_ptr = o + q_base + cute.assume(head * D, divby=VEC)
-                k_ptr = k + kv_base + cute.assume(kv_head * D, divby=VEC)
-                v_ptr = v + kv_base + cute.assume(kv_head * D, divby=VEC)
+                q_ptr = q + q_base + cute.assume(head * self.D, divby=VEC)
+                o_ptr = o + q_base + cute.assume(head * self.D, divby=VEC)
+                k_ptr = k + kv_base + cute.assume(kv_head * self.D, divby=VEC)
+                v_ptr = v + kv_base + cute.assume(kv_head * self.D, divby=VEC)
                 q_ss = q_row
                 o_ss = q_row
                 k_ss = kv_row
@@ -373,7 +365,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 v_ss = cute.assume(v_stride_s, divby=VEC)
                 o_ss = cute.assume(o_stride_s, divby=VEC)
                 lse_ss = lse_stride_s
-                if cutlass.const_expr(ragged):
+                if cutlass.const_expr(self.ragged):
                     q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
                     o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
                     k_off = Int64(kv_start) * k_stride_s + Int64(kv_head) * k_stride_h
@@ -390,27 +382,26 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 k_ptr = k + cute.assume(k_off, divby=VEC)
                 v_ptr = v + cute.assume(v_off, divby=VEC)
 
-            mQ = cute.make_tensor(q_ptr, cute.make_layout((s_q, D), stride=(q_ss, 1)))
-            mO = cute.make_tensor(o_ptr, cute.make_layout((s_q, D), stride=(o_ss, 1)))
-            mK = cute.make_tensor(k_ptr, cute.make_layout((s_kv, D), stride=(k_ss, 1)))
-            mV = cute.make_tensor(v_ptr, cute.make_layout((s_kv, D), stride=(v_ss, 1)))
+            mQ = cute.make_tensor(q_ptr, cute.make_layout((s_q, self.D), stride=(q_ss, 1)))
+            mO = cute.make_tensor(o_ptr, cute.make_layout((s_q, self.D), stride=(o_ss, 1)))
+            mK = cute.make_tensor(k_ptr, cute.make_layout((s_kv, self.D), stride=(k_ss, 1)))
+            mV = cute.make_tensor(v_ptr, cute.make_layout((s_kv, self.D), stride=(v_ss, 1)))
 
-            storage = SmemAllocator().allocate(SharedStorage)
-            tiled_mma = _make_tiled_mma(dtype, warps)
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
-            r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=32)
+            storage = SmemAllocator().allocate(self.SharedStorage)
+            tiled_mma = make_warp_mma(self.dtype, self.warps)
+            ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
+            r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
             ctx = SimpleNamespace(
                 tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
-                gQ=cute.local_tile(mQ, (bm, D), (m_block, 0)),
-                gO=cute.local_tile(mO, (bm, D), (m_block, 0)),
-                gK=cute.local_tile(mK, (bn, D), (None, 0)),  # (bn, D, n_blocks)
-                gV=cute.local_tile(mV, (bn, D), (None, 0)),
-                sQ=storage.sQ.get_tensor(smem_tile_layout(bm, D)),
-                sK=storage.sK.get_tensor(smem_tile_layout(bn, D)),
-                sV=storage.sV.get_tensor(smem_tile_layout(bn, D)),
-                g2s=make_g2s(dtype, threads),
-                s2g=make_s2g(dtype, threads),
+                gQ=cute.local_tile(mQ, (self.bm, self.D), (m_block, 0)),
+                gO=cute.local_tile(mO, (self.bm, self.D), (m_block, 0)),
+                gK=cute.local_tile(mK, (self.bn, self.D), (None, 0)),  # (bn, D, n_blocks)
+                gV=cute.local_tile(mV, (self.bn, self.D), (None, 0)),
+                sQ=storage.sQ.get_tensor(smem_tile_layout(self.bm, self.D)),
+                sK=storage.sK.get_tensor(smem_tile_layout(self.bn, self.D)),
+                sV=storage.sV.get_tensor(smem_tile_layout(self.bn, self.D)),
+                g2s=make_g2s(self.dtype, self.threads),
+                s2g=make_s2g(self.dtype, self.threads),
                 tiled_mma=tiled_mma,
                 s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
                 s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
@@ -420,7 +411,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
                 lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
             )
             # fp32 O accumulator, running row max and per-thread partial row sum
-            ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, D)), Float32)
+            ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
             ctx.acc_O.fill(0.0)
             n_rows = cute.size(acc_mn_view(ctx.acc_O), mode=[0])
             ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
@@ -430,18 +421,19 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 
             # kv blocks n_max-1 .. n_mask_min need masks; with none at all (S_kv = 0, or a causal tile
             # that sees no key) both loops run 0 times and the epilogue writes O = 0, LSE = -inf
-            n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, bm, bn, causal)
+            n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
 
-            prologue(ctx, n_max)
+            self.prologue(ctx, n_max)
             # blocks n_max-1 .. n_mask_min with masks and predicated loads, n_mask_min-1 .. 0 without
             for t in cutlass.range(n_max - n_mask_min, unroll=1):
-                kv_block(ctx, n_max - 1 - t, True)
+                self.kv_block(ctx, n_max - 1 - t, True)
             for t in cutlass.range(n_mask_min, unroll=1):
-                kv_block(ctx, n_mask_min - 1 - t, False)
-            epilogue(ctx)
+                self.kv_block(ctx, n_mask_min - 1 - t, False)
+            self.epilogue(ctx)
 
     @cute.jit
-    def sdpa_prefill_host(
+    def __call__(
+        self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
@@ -455,7 +447,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
     ):
         # The real launch is done by the aotc runtime (grid from max_seqlen_q); this one only
         # makes the module well formed, with the same block and dynamic smem.
-        sdpa_prefill_kernel(
+        self.sdpa_prefill_kernel(
             q, k, v, o, lse, cu_seqlens_q, cu_seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, softmax_scale,
             q_stride_b, q_stride_s, q_stride_h,
@@ -464,12 +456,10 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
             o_stride_b, o_stride_s, o_stride_h,
             lse_stride_b, lse_stride_h, lse_stride_s,
         ).launch(
-            grid=[(seqlen_q + (bm - 1)) // bm, heads_q, batch],
-            block=[threads, 1, 1],
-            smem=smem_size,
+            grid=[(seqlen_q + (self.bm - 1)) // self.bm, heads_q, batch],
+            block=[self.threads, 1, 1],
+            smem=self.smem_size,
         )
-
-    return sdpa_prefill_host
 
 
 # ---------------------------------------------------------------------------- static checks
@@ -479,7 +469,7 @@ def _build(dtype, head_dim: int, ragged: bool, causal: bool, packed: bool):
 _CHECK_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
 
 
-def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
+def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
     """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
 
     1. P, the fp32 S accumulator viewed by acc_to_a_operand, holds at each A-operand slot the
@@ -492,11 +482,11 @@ def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
        have the same columns, the ldmatrix view of chunk h writes exactly the registers the
        chunk's MMAs read, and A and B agree on the k-slice.
     """
-    bm, bn, warps = TILES[head_dim]
+    bm, bn, warps = tile.block_m, tile.block_n, tile.warps
     D = head_dim
     threads = 32 * warps
     errors = []
-    tiled_mma = _make_tiled_mma(dtype, warps)
+    tiled_mma = make_warp_mma(dtype, warps)
     g2s = make_g2s(dtype, threads)
     ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype)
     s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma)
@@ -574,14 +564,15 @@ def _check_mappings_traced(dtype, head_dim: int) -> list[str]:
     return errors
 
 
-def verify_mappings(head_dim: int, dtype_name: str = "bf16") -> list[str]:
+def verify_mappings(head_dim: int, dtype_name: str = "bf16", tile: Tile | None = None) -> list[str]:
     """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
     dtype = DTYPES[dtype_name]
+    tile = tile or TILES[head_dim]
     out: list[str] = []
 
     @cute.jit
     def _trace():
-        out.extend(_check_mappings_traced(dtype, head_dim))
+        out.extend(_check_mappings_traced(dtype, head_dim, tile))
 
     _trace()
     return out
@@ -589,48 +580,11 @@ def verify_mappings(head_dim: int, dtype_name: str = "bf16") -> list[str]:
 
 # ---------------------------------------------------------------------------- compile
 
-def _placeholders(dtype) -> list:
-    pointers = {n: (dtype, 16) for n in ("q", "k", "v", "o")}
-    pointers.update(lse=(Float32, 4), cu_seqlens_q=(Int32, 4), cu_seqlens_kv=(Int32, 4))
-    return placeholders(PARAMS, pointers)
+def compile(variant, *, dump_dir: str, keep_ptx: bool = False, tile: Tile | None = None) -> KernelBuild:
+    """Compile one sdpa_prefill variant for variant.arch (the family's tile for its head dim, or `tile`).
 
-
-def _check_params() -> None:
-    check_param_kinds("sdpa_prefill", PARAMS, ["ptr"] * 7 + ["i32"] * 6 + ["f32"] + ["i64"] * 15)
-
-
-def _compile(variant, dump_dir: str, keep_ptx: bool):
-    _check_params()
-    if variant.family != "sdpa_prefill":
-        raise ValueError(f"not an sdpa_prefill variant: {variant.name}")
-    dtype = DTYPES[variant["dtype"]]
-    head_dim = int(variant["head_dim"])
-    ragged = variant["layout"] == "ragged"
-    causal = bool(variant["causal"])
-    packed = variant["strides"] == "packed"
-    if ragged and packed:
-        raise ValueError(f"{variant.name}: the packed specialization is for dense layouts")
-    return compile_least_spilling(
-        lambda: _build(dtype, head_dim, ragged, causal, packed),
-        _placeholders(dtype), variant.arch, dump_dir, keep_ptx)
-
-
-def compile(variant, *, dump_dir: str) -> tuple[bytes, str, dict]:
-    """Compile one sdpa_prefill variant for variant.arch.
-
-    Returns (cubin bytes, kernel symbol, {"dynamic_smem": bytes}). The entry's parameters are
-    exactly aotc.families.sdpa_prefill.PARAMS, in order; the launch is block (32*warps, 1, 1),
-    grid (ceil(max_seqlen_q / block_m), heads_q, batch) and must pass dynamic_smem bytes of
-    dynamic shared memory (over 48 KiB for head_dim 256: the runtime must raise the kernel's
-    max-dynamic-smem attribute).
+    The entry's parameters are exactly aotc.families.sdpa_prefill.PARAMS, in order; the launch is
+    block (32*warps, 1, 1), grid (ceil(max_seqlen_q / block_m), heads_q, batch) with the recorded
+    dynamic shared memory (over 48 KiB for head_dim 256: the runtime raises the kernel's attribute).
     """
-    _, cubin, symbol, _, _ = _compile(variant, dump_dir, keep_ptx=False)
-    return cubin, symbol, {"dynamic_smem": smem_bytes(int(variant["head_dim"]))}
-
-
-def compile_with_ptx(variant, *, dump_dir: str) -> tuple[bytes, str, dict, str]:
-    """Like compile(), also returning the PTX text (tests and inspection); the dict also
-    carries the ptxas level used and the stack frame bytes (0: no spills)."""
-    compiled, cubin, symbol, frame, level = _compile(variant, dump_dir, keep_ptx=True)
-    facts = {"dynamic_smem": smem_bytes(int(variant["head_dim"])), "ptxas": level, "frame_bytes": frame}
-    return cubin, symbol, facts, str(compiled.__ptx__)
+    return compile_kernel(SdpaPrefill(variant, tile), variant.arch, dump_dir, keep_ptx=keep_ptx)

@@ -1,0 +1,65 @@
+"""Which keys a query row sees, written once for every attention kernel (CuTe DSL, imported only to compile).
+
+Bottom-right causal alignment: in a sequence with S_q queries and S_kv keys, query i sees key j iff
+j < S_kv and, causal, j <= i + S_kv - S_q (the queries are the last S_q positions). A kernel walks kv
+blocks of bn keys: kv_block_range() gives the blocks a query tile visits and the first that needs a
+mask; inside a masked block, a thread masks each of its rows with one upper key limit per row,
+relative to its first column (score_limits(), then mask_row() or mask_columns()). A lower limit (a left
+window) and score modifiers slot in beside the upper one.
+"""
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .softmax import NEG_INF
+
+
+@cute.jit
+def kv_block_range(m_block, s_q, s_kv, bm: cutlass.Constexpr, bn: cutlass.Constexpr, causal: cutlass.Constexpr):
+    """(n_max, n_mask_min) for query tile m_block (bm rows) over kv blocks of bn keys: blocks
+    0 .. n_max-1 are visited, n_mask_min .. n_max-1 need a mask (the sequence tail; causal, the
+    blocks crossing the diagonal). No visible block (S_kv = 0, or a causal tile that sees no key):
+    n_max = 0."""
+    n_blocks = (s_kv + (bn - 1)) // bn
+    n_max = n_blocks
+    n_mask_min = n_max - 1  # non-causal: only the last (sequence-tail) block is masked
+    if cutlass.const_expr(causal):
+        # the tile's last row sees keys up to m_block*bm + bm - 1 + S_kv - S_q
+        lim = m_block * bm + bm + s_kv - s_q
+        n_causal = Int32(0)
+        if lim > 0:
+            n_causal = (lim + (bn - 1)) // bn
+        n_max = cutlass.min(n_blocks, n_causal)
+        # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are visible to every row
+        first_masked = Int32(0)
+        lim_lo = m_block * bm + 1 + s_kv - s_q
+        if lim_lo > 0:
+            first_masked = lim_lo // bn
+        n_mask_min = cutlass.min(first_masked, n_max - 1)
+    return n_max, cutlass.max(n_mask_min, 0)
+
+
+@cute.jit
+def score_limits(row_first, block_key0, col0, s_q, s_kv):
+    """(key_lim, causal_lim): this thread's column c (thread 0's column plus col0, in a kv block whose
+    first key is block_key0) holds a key below S_kv iff c < key_lim, and, for its row r (thread 0's row
+    plus row_first, a query index), a key the causal mask lets through iff c < causal_lim + r."""
+    key_lim = s_kv - block_key0 - col0
+    causal_lim = row_first + 1 + s_kv - s_q - block_key0 - col0
+    return key_lim, causal_lim
+
+
+@cute.jit
+def mask_columns(S_mn, r: cutlass.Constexpr, t0_coords, lim):
+    """Row r of a score tile: columns whose (thread 0) column coordinate is >= lim become -inf."""
+    for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+        S_mn[r, c] = S_mn[r, c] if t0_coords[0, c][1] < lim else Float32(NEG_INF)
+
+
+@cute.jit
+def mask_row(S_mn, r: cutlass.Constexpr, t0_coords, key_lim, causal_lim, causal: cutlass.Constexpr):
+    """Mask row r of a score tile with the limits of score_limits()."""
+    lim_r = key_lim
+    if cutlass.const_expr(causal):
+        lim_r = cutlass.min(key_lim, causal_lim + t0_coords[r, 0][0])
+    mask_columns(S_mn, r, t0_coords, lim_r)

@@ -1,0 +1,90 @@
+"""Online softmax of the attention kernels (CuTe DSL, imported only to compile).
+
+Scores arrive as fp32 accumulator tiles viewed (rows, cols) per thread, already masked with -inf. Each
+kv block updates a row's running max and this thread's partial row sum and returns the factor alpha by
+which the row's earlier O and sum must be scaled; the end of the kv loop normalizes O and gives the
+natural-log LSE. exp2 with softmax_scale * log2(e) folded in; the rows of an m16n8 / wgmma accumulator
+are shared by the 4 threads of a quad, so maxima and sums reduce over the quad.
+
+Lazy rescaling (MAX_SLACK_LOG2, where a thread's O tile outnumbers its scores): a row keeps its running
+max until a new score exceeds it by more than 2^8 (p <= 2^8: exact in fp32, representable in fp16/bf16),
+so alpha is exactly 1 for most kv blocks and a warp whose rows all have alpha = 1 skips the O rescale;
+the final O / rowsum and LSE use the same kept max, so the result is unchanged
+(benchmarks/results/prefill_experiment_portable_lazy_rescale.json).
+"""
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LOG2_E = 1.4426950408889634074
+LN_2 = 0.6931471805599453094
+NEG_INF = -math.inf
+MAX_SLACK_LOG2 = 8.0
+
+
+def quad_allreduce(val, op):
+    """Reduce over the 4 threads of a quad (the threads sharing accumulator rows)."""
+    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
+    val = op(val, cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31))
+    return val
+
+
+@cute.jit
+def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_slack_log2: cutlass.Constexpr = 0.0):
+    """Online-softmax step for this thread's row r of a score tile (already masked with -inf):
+    S_mn[r] becomes p = 2^(s * scale_log2 - max * scale_log2), row_max[r] the running max (over
+    the quad), row_sum[r] this thread's partial running sum; returns the factor alpha by which
+    the row's earlier O and sum must be scaled. A row that has seen no visible key keeps max
+    -inf and takes offset 0, so every p is 2^-inf = 0 (not NaN)."""
+    row = S_mn[r, None].load()
+    m_prev = row_max[r]
+    m_cur = quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
+    if cutlass.const_expr(max_slack_log2 > 0.0):
+        # keep the running max while the new one exceeds it by at most the slack (p <= 2^slack, exact in
+        # fp32 and in the P dtype): alpha is then 1 and the O rescale can be skipped. A first finite max
+        # replaces -inf (the difference is +inf); -inf - -inf is NaN, which also keeps m_prev = -inf.
+        m_cur = m_prev if (m_cur - m_prev) * scale_log2 <= Float32(max_slack_log2) else m_cur
+    row_max[r] = m_cur
+    m_scaled = (Float32(0.0) if m_cur == Float32(NEG_INF) else m_cur) * scale_log2
+    p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
+    alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+    # per-thread partial row sums; the quad reduction is done once, at the end
+    row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    S_mn[r, None].store(p)
+    return alpha
+
+
+@cute.jit
+def rescale_rows(O_mn, alpha):
+    """O_mn[r] *= alpha[r] for every row of this thread's accumulator view."""
+    for r in cutlass.range_constexpr(cute.size(alpha)):
+        O_mn[r, None].store(O_mn[r, None].load() * alpha[r])
+
+
+@cute.jit
+def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r):
+    """End of the kv loop: O /= row sum (over the quad) and lse_r = natural-log LSE per row; a row
+    that saw no key keeps O = 0 (its accumulator is 0) and gets LSE = -inf."""
+    for r in cutlass.range_constexpr(cute.size(row_max)):
+        total = quad_allreduce(row_sum[r], lambda a, b_: a + b_)
+        inv = Float32(1.0)
+        lse_r[r] = Float32(NEG_INF)
+        if total > Float32(0.0):
+            inv = cute.arch.rcp_approx(total)
+            lse_r[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+        O_mn[r, None].store(O_mn[r, None].load() * inv)
+
+
+@cute.jit
+def store_lse_rows(lse, lse_off, lse_ss, lse_r, t0_rows, tile_row0, row0, s_q):
+    """lse[lse_off + i * lse_ss] = lse_r[r] for this thread's rows i = tile_row0 + row0 + t0_rows[r, 0][0]
+    (its first row row0 within a tile starting at query tile_row0) below s_q; the caller picks one thread
+    of each quad."""
+    row_lim = s_q - tile_row0 - row0
+    for r in cutlass.range_constexpr(cute.size(lse_r)):
+        rr = t0_rows[r, 0][0]
+        if rr < row_lim:
+            i = cutlass.Int64(tile_row0 + row0 + rr)
+            lse[lse_off + i * lse_ss] = lse_r[r]
