@@ -40,6 +40,7 @@ ROWS_PER_CTA = 16  # packed (token, query head) rows one CTA serves (one m16 MMA
 THREADS = 128
 WARPS = 4
 ACC_PAD = 8        # fp32 padding of a merge-buffer row (bank conflicts of the fragment stores)
+MIN_CHUNK_BLOCKS = 4  # kv blocks a chunk holds at least (aotc.kernels.tile_scheduler.KvChunks)
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,12 @@ def tile(head_dim: int, arch: str) -> Tile:
 PARAMS: tuple[Param, ...] = (
     ptr("q", 16), ptr("k", 16), ptr("v", 16), ptr("o", 16), ptr("lse", 4),
     ptr("o_partial", 16), ptr("lse_partial", 4), ptr("counters", 4), ptr("page_table", 4), ptr("seqlens_kv", 4),
-    *scalars("i32", "batch", "seqlen_q", "heads_q", "heads_kv", "num_splits", "max_pages", "write_lse",
-             "write_partial"),
+    *scalars("i32", "batch", "seqlen_q", "heads_q", "heads_kv", "target_chunks", "max_pages", "write_lse"),
     Param("softmax_scale", "f32"),
     *scalars("i64", "q_stride_b", "q_stride_s", "q_stride_h", "k_stride_page", "k_stride_token", "k_stride_head",
              "v_stride_page", "v_stride_token", "v_stride_head", "o_stride_b", "o_stride_s", "o_stride_h",
              "lse_stride_b", "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p",
-             "op_stride_split", "op_stride_b", "op_stride_s", "op_stride_h",
-             "lp_stride_split", "lp_stride_b", "lp_stride_h", "lp_stride_s"),
+             "op_stride_chunk", "op_stride_s", "op_stride_h", "lp_stride_chunk", "lp_stride_h", "lp_stride_s"),
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -109,12 +108,13 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     return LaunchFacts(
         block=(THREADS, 1, 1),
         dynamic_smem=t.smem_bytes(variant["head_dim"]),
-        grid_rule="grid = (num_splits, heads_kv * ceil(heads_q / heads_kv * seqlen_q / rows_per_cta), batch)",
+        grid_rule="grid = (heads_kv * ceil(heads_q / heads_kv * seqlen_q / rows_per_cta), target_chunks + batch, 1)",
         # the runtime's split choice reads these (aotc.runtime.decode): keys per kv block, rows per CTA and
         # CTAs resident per SM; pdl_trigger: each CTA starts with griddepcontrol.launch_dependents, so a kernel
         # launched after the step as a programmatic dependent may be dispatched early (it must
         # griddepcontrol.wait before reading O or LSE)
         extra={"block_n": t.block_n, "rows_per_cta": ROWS_PER_CTA, "ctas_per_sm": t.ctas_per_sm, "slots": t.slots,
+               "min_chunk_blocks": MIN_CHUNK_BLOCKS,
                "pdl_trigger": has_grid_dependency_control(variant.arch)},
     )
 

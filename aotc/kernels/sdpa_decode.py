@@ -82,9 +82,10 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..common.abi import has_grid_dependency_control
-from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile, launch_facts,
-                                    tile)
+from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
+                                    launch_facts, tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .tile_scheduler import KvChunks
 from .mask import mask_columns
 from .softmax import LN_2, LOG2_E, NEG_INF, quad_allreduce, softmax_row
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms, make_g2s,
@@ -151,6 +152,7 @@ class SdpaDecode:
         if self.smem_size != smem:
             raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {smem}")
         self.SharedStorage = SharedStorage
+        self.schedule = KvChunks(BN, MIN_CHUNK_BLOCKS, page)
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
@@ -403,14 +405,14 @@ class SdpaDecode:
                 res = acc.load() * inv
                 i = rr // ctx.group
                 h = ctx.kvh * ctx.group + (rr - i * ctx.group)
-                if ctx.write_partial != 0:
-                    off = (Int64(ctx.split) * ctx.op_stride_split + Int64(ctx.bidx) * ctx.op_stride_b
+                if ctx.n_seq > 1:
+                    off = (Int64(ctx.chunk) * ctx.op_stride_chunk
                            + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h + Int64(c0))
                     dst = cute.make_tensor(ctx.o_partial + cute.assume(off, divby=4), cute.make_layout(VEC))
                     dst.store(res)
                     if c0 == 0:
-                        lse_partial[Int64(ctx.split) * ctx.lp_stride_split + Int64(ctx.bidx) * ctx.lp_stride_b
-                                        + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s] = lse_v
+                        lse_partial[Int64(ctx.chunk) * ctx.lp_stride_chunk
+                                    + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s] = lse_v
                 else:
                     off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s
                            + Int64(h) * ctx.o_stride_h + Int64(c0))
@@ -420,7 +422,7 @@ class SdpaDecode:
                         if c0 == 0:
                             lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
                                     + Int64(i) * ctx.lse_stride_s] = lse_v
-        if ctx.write_partial != 0:
+        if ctx.n_seq > 1:
             self.split_arrive(ctx, tid)
             if mbase[0] != Float32(0.0):
                 self.merge_splits(ctx, tid)
@@ -438,10 +440,10 @@ class SdpaDecode:
         # grid sync, whose relaxed atomics need explicit fences where this one carries them).
         cute.arch.barrier()
         if tid == 0:
-            idx = Int64(ctx.bidx) * Int64(ctx.n_y) + Int64(ctx.yblk)
+            idx = Int64(ctx.bidx) * Int64(ctx.n_cols) + Int64(ctx.col)
             ticket = cute.arch.atomic_add(counters + idx, Int32(1), sem="acq_rel", scope="gpu")
             flag = Float32(0.0)
-            if ticket == ctx.num_splits - 1:
+            if ticket == ctx.n_seq - 1:
                 # every split has arrived: no one else touches the counter in this launch, and the
                 # next launch (stream-ordered) sees the 0
                 counters[idx] = Int32(0)
@@ -459,22 +461,24 @@ class SdpaDecode:
         slice_idx = tid // self.MERGE_TPR
         lane = tid - slice_idx * self.MERGE_TPR
         n_real = cutlass.min(ctx.n_rows - ctx.row_tile * _ROWS, Int32(_ROWS))
-        splits = ctx.num_splits
+        splits = ctx.n_seq
         lse_partial = ctx.lse_partial
         o_partial = ctx.o_partial
         o = ctx.o
         lse = ctx.lse
-        lp_split = ctx.lp_stride_split
-        op_split = ctx.op_stride_split
+        lp_split = ctx.lp_stride_chunk
+        op_split = ctx.op_stride_chunk
+        first_full = ctx.first_full
+        n_full = ctx.n_full
+        partial_slot = ctx.partial_slot
         for it in cutlass.range((n_real + (self.MERGE_ROWS - 1)) // self.MERGE_ROWS, unroll=1):
             row = it * self.MERGE_ROWS + slice_idx
             valid = row < n_real
             rr = ctx.row_tile * _ROWS + row
             i = rr // ctx.group
             h = ctx.kvh * ctx.group + (rr - i * ctx.group)
-            lp_row = Int64(ctx.bidx) * ctx.lp_stride_b + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s
-            op_row = (Int64(ctx.bidx) * ctx.op_stride_b + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h
-                      + Int64(lane * MERGE_VEC))
+            lp_row = Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s
+            op_row = Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h + Int64(lane * MERGE_VEC)
             # one pass over the splits, MERGE_UNROLL at a time with a running max (online softmax):
             # acc = sum_s exp(lse_s - m) O_s, total = sum_s exp(lse_s - m), rescaled when m grows.
             # No load sits behind a guard: an index past the last split is clamped to it and its
@@ -490,7 +494,11 @@ class SdpaDecode:
             total = Float32(0.0)
             for s0 in range(0, my_splits, MERGE_UNROLL):
                 for k in cutlass.range_constexpr(MERGE_UNROLL):
-                    sp = cutlass.min(s0 + k, last)
+                    # the sequence's j-th chunk: its full chunks are consecutive, its partial one apart
+                    sj = cutlass.min(s0 + k, last)
+                    sp = first_full + sj
+                    if sj >= n_full:
+                        sp = partial_slot
                     lv[k] = lse_partial[lp_row + Int64(sp) * lp_split]
                     off = cute.assume(op_row + Int64(sp) * op_split, divby=MERGE_VEC)
                     cute.autovec_copy(cute.make_tensor(o_partial + off, cute.make_layout(MERGE_VEC)), ov[None, k])
@@ -529,7 +537,7 @@ class SdpaDecode:
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
         seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
-        num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
+        target_chunks: Int32, max_pages: Int32, write_lse: Int32,
         softmax_scale: Float32,
         q_stride_b: Int64, q_stride_s: Int64, q_stride_h: Int64,
         k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
@@ -537,35 +545,46 @@ class SdpaDecode:
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
-        op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
-        lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+        op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
+        lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
     ):
         if cutlass.const_expr(self.PDL):
             # a kernel the caller launches next as a programmatic dependent (e.g. the output projection,
             # which must griddepcontrol.wait before reading O) may be dispatched now, hiding its launch
             cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
-        split, yblk, bidx = cute.arch.block_idx()
-        split = Int32(split)
-        yblk = Int32(yblk)
-        bidx = Int32(bidx)
+        col, chunk, _ = cute.arch.block_idx()
+        col = Int32(col)
+        chunk = Int32(chunk)
 
         group = heads_q // heads_kv
         n_rows = group * seqlen_q
         row_tiles = (n_rows + (_ROWS - 1)) // _ROWS
-        kvh = yblk // row_tiles
-        row_tile = yblk - kvh * row_tiles
+        kvh = col // row_tiles
+        row_tile = col - kvh * row_tiles
 
-        # ------------------------------------------------------------ this split's kv range
-        s_kv = cutlass.max(seqlens_kv[bidx], Int32(0))
-        if cutlass.const_expr(self.PAGED):
-            # a sequence longer than its page-table row is cut there (never read past the row)
-            if Int64(s_kv) > Int64(max_pages) * self.page:
-                s_kv = cutlass.max(max_pages, Int32(0)) * self.page
-        per_split = (s_kv + (num_splits - 1)) // num_splits
-        chunk = (per_split + (self.BN - 1)) // self.BN * self.BN
-        lo = split * chunk
-        hi = cutlass.min(lo + chunk, s_kv)
+        # ------------------------------------------------------------ this chunk's sequence and kv range
+        bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot = self.schedule.locate(
+            seqlens_kv, batch, max_pages, target_chunks, chunk, Int32(tidx) & 31)
+        if bidx >= 0:  # past the last chunk: nothing to do (uniform over the CTA)
+            self.attend(
+                q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
+                softmax_scale, q_stride_b, q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
+                v_stride_page, v_stride_token, v_stride_head, o_stride_b, o_stride_s, o_stride_h,
+                lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
+                op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
+                Int32(tidx), col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
+                group, n_rows, kvh, row_tile, row_tiles)
+
+    @cute.jit
+    def attend(self, q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
+               softmax_scale, q_stride_b, q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
+               v_stride_page, v_stride_token, v_stride_head, o_stride_b, o_stride_s, o_stride_h,
+               lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
+               op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
+               tidx, col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
+               group, n_rows, kvh, row_tile, row_tiles):
+        """The CTA's work on its chunk: keys [lo, hi) of sequence bidx for its (KV head, row tile)."""
         n_blocks = Int32(0)
         if hi > lo:
             n_blocks = (hi - lo + (self.BN - 1)) // self.BN
@@ -582,10 +601,11 @@ class SdpaDecode:
         ring_ptr = storage.sKV.data_ptr()
         tile_layout = smem_tile_layout(self.BN, self.D)
         ctx = SimpleNamespace(
-            tidx=Int32(tidx), split=split, bidx=bidx, kvh=kvh, row_tile=row_tile,
+            tidx=tidx, chunk=chunk, bidx=bidx, kvh=kvh, row_tile=row_tile,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
             q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial, counters=counters,
-            num_splits=num_splits, yblk=yblk, n_y=heads_kv * row_tiles,
+            n_seq=n_seq, first_full=first_full, n_full=n_full, partial_slot=partial_slot,
+            col=col, n_cols=heads_kv * row_tiles,
             page_table=page_table,
             pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
             q_stride_b=q_stride_b, q_stride_s=q_stride_s, q_stride_h=q_stride_h,
@@ -593,11 +613,9 @@ class SdpaDecode:
             v_stride_page=v_stride_page, v_stride_token=v_stride_token, v_stride_head=v_stride_head,
             o_stride_b=o_stride_b, o_stride_s=o_stride_s, o_stride_h=o_stride_h,
             lse_stride_b=lse_stride_b, lse_stride_h=lse_stride_h, lse_stride_s=lse_stride_s,
-            op_stride_split=op_stride_split, op_stride_b=op_stride_b, op_stride_s=op_stride_s,
-            op_stride_h=op_stride_h,
-            lp_stride_split=lp_stride_split, lp_stride_b=lp_stride_b, lp_stride_h=lp_stride_h,
-            lp_stride_s=lp_stride_s,
-            write_lse=write_lse, write_partial=write_partial,
+            op_stride_chunk=op_stride_chunk, op_stride_s=op_stride_s, op_stride_h=op_stride_h,
+            lp_stride_chunk=lp_stride_chunk, lp_stride_h=lp_stride_h, lp_stride_s=lp_stride_s,
+            write_lse=write_lse,
             scale_log2=softmax_scale * Float32(LOG2_E),
             sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
@@ -614,7 +632,7 @@ class SdpaDecode:
         if cutlass.const_expr(self.PAGED):
             ctx.pg = cute.make_rmem_tensor((self.N_PG,), Int32)
         # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums
-        thr_mma0 = tiled_mma.get_slice(Int32(tidx) & 31)
+        thr_mma0 = tiled_mma.get_slice(tidx & 31)
         ctx.acc_O = []
         for h in cutlass.range_constexpr(self.N_CHUNKS):
             acc = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, ATOM_COLS)), Float32)
@@ -651,7 +669,7 @@ class SdpaDecode:
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
         seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
-        num_splits: Int32, max_pages: Int32, write_lse: Int32, write_partial: Int32,
+        target_chunks: Int32, max_pages: Int32, write_lse: Int32,
         softmax_scale: Float32,
         q_stride_b: Int64, q_stride_s: Int64, q_stride_h: Int64,
         k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
@@ -659,8 +677,8 @@ class SdpaDecode:
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
-        op_stride_split: Int64, op_stride_b: Int64, op_stride_s: Int64, op_stride_h: Int64,
-        lp_stride_split: Int64, lp_stride_b: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+        op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
+        lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
     ):
         # The real launch is done by the aotc runtime; this one only makes the module well formed,
         # with the same block and dynamic smem.
@@ -668,7 +686,7 @@ class SdpaDecode:
         row_tiles = (group * seqlen_q + (_ROWS - 1)) // _ROWS
         self.sdpa_decode_kernel(
             q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlens_kv,
-            batch, seqlen_q, heads_q, heads_kv, num_splits, max_pages, write_lse, write_partial,
+            batch, seqlen_q, heads_q, heads_kv, target_chunks, max_pages, write_lse,
             softmax_scale,
             q_stride_b, q_stride_s, q_stride_h,
             k_stride_page, k_stride_token, k_stride_head,
@@ -676,10 +694,10 @@ class SdpaDecode:
             o_stride_b, o_stride_s, o_stride_h,
             lse_stride_b, lse_stride_h, lse_stride_s,
             pt_stride_b, pt_stride_p,
-            op_stride_split, op_stride_b, op_stride_s, op_stride_h,
-            lp_stride_split, lp_stride_b, lp_stride_h, lp_stride_s,
+            op_stride_chunk, op_stride_s, op_stride_h,
+            lp_stride_chunk, lp_stride_h, lp_stride_s,
         ).launch(
-            grid=[num_splits, heads_kv * row_tiles, batch],
+            grid=[heads_kv * row_tiles, target_chunks + batch, 1],
             block=[_THREADS, 1, 1],
             smem=self.smem_size,
         )

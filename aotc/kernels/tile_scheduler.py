@@ -89,3 +89,130 @@ class PersistentTiles:
             if tile < m_blocks * n_bh:
                 valid = Int32(1)
         return valid, m_block, bh % heads_q, bh // heads_q
+
+
+@cute.jit
+def _warp_sum(x):
+    for k in cutlass.range_constexpr(5):
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=1 << k, mask=-1, mask_and_clamp=31)
+    return x
+
+
+@cute.jit
+def _warp_inclusive_scan(x, lane):
+    for k in cutlass.range_constexpr(5):
+        up = cute.arch.shuffle_sync_up(x, offset=1 << k, mask=-1)
+        x = x + (up if lane >= (1 << k) else Int32(0))
+    return x
+
+
+class KvChunks:
+    """Host half: aotc.families.schedulers.decode_chunks. The work of a decode step, balanced over the GPU
+    for any distribution of KV lengths, derived in the kernel from the device-side lengths (so a CUDA graph
+    replayed with other lengths stays balanced and correct):
+
+    * the batch holds W kv blocks (block_n keys each) in all; with T target chunks (the runtime's: one
+      wave of CTAs per (KV head, row tile)), every chunk is C = max(min_chunk_blocks, ceil(W / T)) blocks;
+    * sequence b of n_b blocks has floor(n_b / C) full chunks and, when C does not divide n_b (or n_b = 0,
+      whose empty chunk writes O = 0, LSE = -inf), one partial chunk of the rest;
+    * chunk index y (blockIdx.y) enumerates every full chunk first, in sequence order, then every partial
+      one: the largest pieces are dispatched first, so the tail of the launch holds the small ones.
+    There are at most T + B chunks (sum of ceil(n_b / C) <= W / C + B <= T + B): the grid's y extent; the
+    CTAs past the last chunk exit at once. Every warp computes the same answer from the lengths (no
+    barrier): three passes over B int32 lengths, a warp reduction or scan each.
+    """
+
+    def __init__(self, block_n: int, min_chunk_blocks: int, page: int):
+        self.block_n = block_n
+        self.min_chunk_blocks = min_chunk_blocks
+        self.page = page  # 0: dense KV
+
+    @cute.jit
+    def kv_tokens(self, seqlens_kv, b, max_pages):
+        """Keys of sequence b: seqlens_kv[b], at least 0; paged, cut at its page-table row's end (never
+        read past the row)."""
+        s = cutlass.max(seqlens_kv[b], Int32(0))
+        if cutlass.const_expr(self.page > 0):
+            if cutlass.Int64(s) > cutlass.Int64(max_pages) * self.page:
+                s = cutlass.max(max_pages, Int32(0)) * self.page
+        return s
+
+    @cute.jit
+    def kv_blocks(self, seqlens_kv, b, max_pages):
+        return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
+
+    @cute.jit
+    def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane):
+        """(seq, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot) of chunk `chunk`: its sequence
+        (-1 past the last chunk) and that sequence's keys, the chunk's key range [lo, hi), the sequence's
+        chunk count, and where its chunks are (full chunk j is chunk first_full + j; its partial chunk,
+        if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp."""
+        w = Int32(0)
+        for b in range(lane, batch, 32):
+            w = w + self.kv_blocks(seqlens_kv, b, max_pages)
+        w = _warp_sum(w)
+        c = cutlass.max(Int32(self.min_chunk_blocks), (w + (target_chunks - 1)) // target_chunks)
+        f = Int32(0)
+        for b in range(lane, batch, 32):
+            f = f + self.kv_blocks(seqlens_kv, b, max_pages) // c
+        f_total = _warp_sum(f)
+
+        seq = Int32(-1)
+        j = Int32(0)
+        full = Int32(0)
+        first_full = Int32(0)
+        n_full = Int32(0)
+        partial_slot = Int32(0)
+        has_partial = Int32(0)
+        base_f = Int32(0)
+        base_p = Int32(0)
+        for r0 in range(0, batch, 32):
+            b = r0 + lane
+            nb = Int32(0)
+            if b < batch:
+                nb = self.kv_blocks(seqlens_kv, b, max_pages)
+            fb = nb // c
+            pb = Int32(0)
+            if b < batch:
+                if nb - fb * c > 0 or nb == 0:
+                    pb = Int32(1)
+            incl_f = _warp_inclusive_scan(fb, lane)
+            incl_p = _warp_inclusive_scan(pb, lane)
+            ex_f = base_f + incl_f - fb
+            slot_p = f_total + base_p + incl_p - pb
+            if chunk >= ex_f and chunk < ex_f + fb:
+                seq = b
+                j = chunk - ex_f
+                full = Int32(1)
+            if pb != 0 and chunk == slot_p:
+                seq = b
+                j = fb
+            if seq == b:
+                first_full = ex_f
+                n_full = fb
+                partial_slot = slot_p
+                has_partial = pb
+            base_f = base_f + cute.arch.shuffle_sync(incl_f, 31)
+            base_p = base_p + cute.arch.shuffle_sync(incl_p, 31)
+        # one lane at most found the chunk: broadcast what it found (past the last chunk, no lane did)
+        hit = cute.arch.vote_ballot_sync(seq >= 0)
+        src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
+        seq = cute.arch.shuffle_sync(seq, src)
+        j = cute.arch.shuffle_sync(j, src)
+        full = cute.arch.shuffle_sync(full, src)
+        first_full = cute.arch.shuffle_sync(first_full, src)
+        n_full = cute.arch.shuffle_sync(n_full, src)
+        partial_slot = cute.arch.shuffle_sync(partial_slot, src)
+        has_partial = cute.arch.shuffle_sync(has_partial, src)
+        s_kv = Int32(0)
+        lo = Int32(0)
+        hi = Int32(0)
+        if hit == 0:
+            seq = Int32(-1)
+        else:
+            s_kv = self.kv_tokens(seqlens_kv, seq, max_pages)
+            lo = j * c * self.block_n
+            hi = s_kv
+            if full != 0:
+                hi = cutlass.min(lo + c * self.block_n, s_kv)
+        return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
