@@ -30,7 +30,7 @@ from .sdpa_prefill import ATTENTION_FIELDS
 
 # (head dim, block_n) -> (block_m, kv stages, ping-pong): per CTA, block_m / 64 consumer warpgroups of
 # 64 query rows each (2 or 3) and one producer warpgroup; block_n keys per kv block. Chosen by
-# measurement on the H200 (benchmarks/tune_prefill_sm90.py, bench_prefill.py --baseline-bundle):
+# measurement on the H200 (benchmarks/tuners/tune_prefill_sm90.py, bench_prefill.py --baseline-bundle):
 # D64 runs best at block_n 128, D256 at 80; the ping-pong of the consumers' GEMM issue pays for D64 and
 # D256. D64 has three consumer warpgroups (block_m 192): its softmax is a larger share of the work, and
 # with two, ncu found the schedulers without an eligible warp 56% of the time.

@@ -1,11 +1,12 @@
 """Tile tuning for sdpa_decode (build side; no GPU needed): one bundle per (keys per warp, ring slots).
 
-    python benchmarks/tune_decode.py --out /tmp/tune_decode
+    python benchmarks/tuners/tune_decode.py --out /tmp/tune_decode
     python benchmarks/bench_decode.py --bundle /tmp/tune_decode/<config>.aotc --out /tmp/res_<config>   # GPU
 
 Each configuration overrides the kernel's tile table for D128 on the big-smem class (sm_90) and
 compiles the bf16 D128 variants bench_decode uses (paged16, paged64, dense) straight through
 compile_variant, with keys of its own (the cache's would not see the override), into a bundle.
+The GPU timings of the configurations: benchmarks/results/tune_decode.jsonl.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {  # name: (keys per warp KW, ring slots) for D128 on sm_90; BLOCK_N = 4 * KW
@@ -31,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     from aotc.kernels import sdpa_decode as kernel
     from aotc.common.variant import Variant
-    from benchmarks.tuning import write_tuning_bundle
+    from benchmarks.tuners.tuning import write_tuning_bundle
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
