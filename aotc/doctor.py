@@ -2,13 +2,18 @@
 
 :func:`collect` gathers a plain dict (the ``--json`` output); :func:`render`
 prints it for people. Nothing here imports ``cutlass`` or ``torch`` (versions
-come from package metadata), and every probe of the GPU is guarded: a machine
-without a driver or a device reports "no GPU" and the reason.
+come from package metadata, the DSL is only located), and every probe of the GPU
+is guarded: a machine without a driver or a device reports "no GPU" and the
+reason. It says whether the installed cuda-bindings fit the driver (the rule is
+aotc.runtime.driver's, the one the runtime enforces) and whether this machine
+can build (the compile extra installed), instead of assuming either.
 """
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import platform
+import re
 import sys
 
 from . import __version__
@@ -41,15 +46,24 @@ def versions() -> dict:
 
 
 def gpu() -> dict:
-    """Driver version and every device's name, compute capability and runnable archs; {"devices": []} without."""
-    info: dict = {"driver": None, "devices": [], "error": ""}
+    """The driver, whether the installed cuda-bindings fit it, and every device's name, compute capability,
+    SM count and runnable archs; without a usable GPU, {"devices": []} and the reason in "error"."""
+    info: dict = {"driver": None, "driver_release": None, "bindings": None, "bindings_problem": "", "devices": [],
+                  "error": ""}
     try:
         from .runtime import driver
         from .runtime.driver import cu
 
+        info["bindings"] = driver.bindings_version() or None
+        version = driver.driver_version()  # needs no cuInit, so it answers even when the bindings do not fit
+        info["driver"] = f"{version // 1000}.{version % 1000 // 10}"
+        info["driver_release"] = driver.driver_release()
+        mismatch = driver.bindings_mismatch(version, info["bindings"] or "", info["driver_release"])
+        if mismatch is not None:  # driver.init() would refuse with this error: say it once, here
+            info["bindings_problem"] = f"{mismatch}: {mismatch.hint}"
+            info["error"] = "the installed cuda-bindings cannot run on this driver"
+            return info
         driver.init()
-        v = int(driver.check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
-        info["driver"] = f"{v // 1000}.{v % 1000 // 10}"
         for ordinal in range(driver.device_count()):
             dev = driver.check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
             raw = driver.check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
@@ -58,8 +72,43 @@ def gpu() -> dict:
             info["devices"].append({"ordinal": ordinal, "name": name, "compute_capability": f"{cc[0]}.{cc[1]}",
                                     "archs": driver.runnable_archs(cc),
                                     "sms": driver.multiprocessor_count(int(dev))})
-    except Exception as e:  # no libcuda, no device, a driver too old: all mean "no GPU here"
+    except Exception as e:  # no bindings, no libcuda, no device, bindings the driver cannot run: "no GPU here"
         info["error"] = f"{type(e).__name__}: {e}"
+        if getattr(e, "hint", None):
+            info["hint"] = e.hint
+    return info
+
+
+def _compile_pin() -> str | None:
+    """The nvidia-cutlass-dsl version aotc's compile extra pins (from aotc's metadata), if it is installed."""
+    try:
+        requires = md.requires("aotc") or []
+    except md.PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+    for req in requires:
+        m = re.match(r"nvidia-cutlass-dsl\s*==\s*([\w.]+)\s*;.*extra\s*==\s*['\"]compile['\"]", req)
+        if m:
+            return m.group(1)
+    return None
+
+
+def build_side() -> dict:
+    """Whether this machine can compile: the CuTe DSL (nvidia-cutlass-dsl) installed and its `cutlass`
+    package locatable, found through package metadata and importlib.util.find_spec, never imported."""
+    dsl = _dist_version("nvidia-cutlass-dsl")
+    try:
+        found = importlib.util.find_spec("cutlass") is not None  # locates the package; imports nothing
+    except (ImportError, ValueError):  # a broken or half-imported cutlass
+        found = False
+    info = {"can_build": dsl is not None and found, "nvidia-cutlass-dsl": dsl, "pinned": _compile_pin(),
+            "problem": ""}
+    if dsl is None:
+        info["problem"] = "nvidia-cutlass-dsl is not installed: pip install 'aotc[compile]'"
+    elif not found:
+        info["problem"] = (f"nvidia-cutlass-dsl {dsl} is installed but its cutlass package cannot be found: "
+                           f"reinstall 'aotc[compile]'")
+    elif info["pinned"] and dsl != info["pinned"]:
+        info["problem"] = f"nvidia-cutlass-dsl {dsl} is not the {info['pinned']} aotc's compile extra pins"
     return info
 
 
@@ -104,6 +153,7 @@ def collect() -> dict:
     return {
         "versions": versions(),
         "gpu": g,
+        "build": build_side(),
         "cache": cache(),
         "env": {k: v for k, v in sorted(__import__("os").environ.items()) if k.startswith("AOTC_")},
         "bundle_path": [str(p) for p in config.bundle_path()],
@@ -116,14 +166,29 @@ def render(info: dict) -> str:
     lines = ["versions:"]
     lines += [f"  {k:<30} {v}" for k, v in info["versions"].items()]
     g = info["gpu"]
+    if g.get("driver"):
+        release = f", release {g['driver_release']}" if g.get("driver_release") else ""
+        line = f"driver: CUDA {g['driver']}{release}"
+        if g.get("bindings_problem"):
+            line += f"; DOES NOT FIT the bindings: {g['bindings_problem']}"
+        elif g.get("bindings"):
+            line += f"; cuda-bindings {g['bindings']} fit it"
+        lines.append(line)
     if g["devices"]:
-        lines.append(f"gpu: driver {g['driver']}")
+        lines.append("gpu:")
         for d in g["devices"]:
             lines.append(f"  [{d['ordinal']}] {d['name']}  compute capability {d['compute_capability']}, "
                          f"{d['sms']} SMs, runs {' '.join(d['archs'])}")
     else:
         lines.append("gpu: no GPU" + (f" ({g['error']})" if g["error"] else "") +
-                     " - building works; launching needs a GPU node")
+                     (f"\n  hint: {g['hint']}" if g.get("hint") else "; launching needs a GPU node"))
+    b = info.get("build")
+    if b is not None:
+        if not b["can_build"]:
+            lines.append(f"build: cannot compile here ({b['problem']}); bundles and the cache still load")
+        else:
+            lines.append(f"build: can compile (nvidia-cutlass-dsl {b['nvidia-cutlass-dsl']})"
+                         + (f"; note: {b['problem']}" if b["problem"] else ""))
     c = info["cache"]
     if "error" in c:
         lines.append(f"cache: {c['error']}")

@@ -146,7 +146,7 @@ def breakdown_lines(bd: dict) -> list[str]:
 
 
 def power_lines(probe: dict) -> list[str]:
-    """fp16 against bf16 prefill: clock and power while each runs (benchmarks/fp16_power_probe.py)."""
+    """fp16 against bf16 prefill: clock and power while each runs (benchmarks/probes/fp16_power_probe.py)."""
     sh = probe["shape"]
     lines = [f"### fp16 against bf16 prefill: SM clock and board power ({probe['gpu']}, {probe['date']}, "
              f"commit {probe['git_commit'][:12]}, `{probe['command']}`)", "",

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 import pytest
 
@@ -97,6 +103,75 @@ def test_doctor_imports_neither_the_dsl_nor_torch(cache_dir):
             "assert 'cutlass' not in sys.modules and 'torch' not in sys.modules, 'imported'\nsys.exit(rc)\n")
     r = subprocess.run([PYTHON, "-c", code], env=aotc_env(), capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+# ---- the driver against the installed cuda-bindings, and the build side ---------------------------------
+@pytest.fixture
+def pretend_driver(monkeypatch):
+    """doctor.gpu() against a driver that runs CUDA `version` (cuInit then finds no device)."""
+    from aotc.runtime import driver
+
+    def no_device():
+        raise aotc.DriverError("cuInit failed: CUDA_ERROR_NO_DEVICE")
+
+    def install(version: int, bindings: str, release: str | None):
+        monkeypatch.setattr(driver, "_initialized", False)
+        monkeypatch.setattr(driver, "driver_version", lambda: version)
+        monkeypatch.setattr(driver, "bindings_version", lambda: bindings)
+        monkeypatch.setattr(driver, "driver_release", lambda: release)
+        monkeypatch.setattr(driver, "init", no_device)
+
+    return install
+
+
+def test_doctor_says_when_the_bindings_do_not_fit_the_driver(pretend_driver, cache_dir, capsys):
+    pretend_driver(12020, "13.4.4", "535.104.05")
+    g = doctor.gpu()
+    assert g["driver"] == "12.2" and g["driver_release"] == "535.104.05" and g["bindings"] == "13.4.4"
+    assert g["bindings_problem"] == ("cuda-bindings 13.4.4 needs a driver >= 580; this driver is 535.104.05 "
+                                     "(CUDA 12.2): pip install 'aotc[cu12]' (cuda-bindings 12.x), or update the driver")
+    assert g["devices"] == [] and g["error"] == "the installed cuda-bindings cannot run on this driver"
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert "driver: CUDA 12.2, release 535.104.05; DOES NOT FIT the bindings: cuda-bindings 13.4.4 needs a " \
+           "driver >= 580" in text and "pip install 'aotc[cu12]'" in text
+
+
+def test_doctor_says_when_the_bindings_fit(pretend_driver, cache_dir, capsys):
+    pretend_driver(13000, "13.4.4", "580.159.03")
+    g = doctor.gpu()
+    assert g["driver"] == "13.0" and g["bindings_problem"] == ""
+    assert g["error"] == "DriverError: cuInit failed: CUDA_ERROR_NO_DEVICE"  # then the devices are probed
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert "driver: CUDA 13.0, release 580.159.03; cuda-bindings 13.4.4 fit it" in text
+    assert "gpu: no GPU (DriverError: cuInit failed: CUDA_ERROR_NO_DEVICE)" in text
+
+
+def test_doctor_says_this_machine_cannot_build_without_the_compile_extra(monkeypatch, cache_dir, capsys):
+    real = doctor._dist_version
+    monkeypatch.setattr(doctor, "_dist_version", lambda name: None if name == "nvidia-cutlass-dsl" else real(name))
+    monkeypatch.setattr(doctor, "gpu", lambda: {"driver": None, "devices": [], "error": "no libcuda"})
+    b = doctor.build_side()
+    assert b["can_build"] is False and b["problem"] == "nvidia-cutlass-dsl is not installed: pip install 'aotc[compile]'"
+    assert main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert "build: cannot compile here (nvidia-cutlass-dsl is not installed: pip install 'aotc[compile]')" in text
+    assert "building works" not in text
+
+
+def test_doctor_build_side_finds_the_dsl_without_importing_it(monkeypatch):
+    have_dsl = doctor._dist_version("nvidia-cutlass-dsl") is not None
+    b = doctor.build_side()
+    assert b["can_build"] is have_dsl and b["nvidia-cutlass-dsl"] == doctor._dist_version("nvidia-cutlass-dsl")
+    if have_dsl:
+        pin = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["compile"]
+        assert [f"nvidia-cutlass-dsl=={b['pinned']}"] == pin and b["problem"] == ""  # read from aotc's metadata
+    # metadata without a locatable package (a broken install) cannot build either
+    monkeypatch.setattr(doctor, "_dist_version", lambda name: "4.8.1")
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: None)
+    b = doctor.build_side()
+    assert b["can_build"] is False and "cutlass package cannot be found" in b["problem"]
 
 
 # ---- shell completion (click's mechanism) ----------------------------------------------------------------

@@ -1,9 +1,10 @@
 """aotc.runtime: load bundles (or the cache) and launch their kernels through the CUDA driver.
 
-Needs only cuda-python, numpy and the standard library: it never imports
-``cutlass`` or ``torch`` and never compiles. Tensors come in as anything with
-``__dlpack__`` or ``__cuda_array_interface__``, or as explicit records
-(``aotc.runtime.tensor(ptr, shape, strides, dtype)``).
+Needs only cuda-bindings and the standard library: it never imports ``cutlass``,
+``torch`` or numpy and never compiles. Every driver failure (no libcuda, bindings the
+driver cannot run, a failed call) is an ``aotc.DriverError`` with a hint. Tensors come
+in as anything with ``__dlpack__`` or ``__cuda_array_interface__``, or as explicit
+records (``aotc.runtime.tensor(ptr, shape, strides, dtype)``).
 
     import aotc.runtime as rt
     k = rt.load("artifacts/default.aotc")

@@ -1,12 +1,13 @@
 """Tile tuning for sdpa_decode (build side; no GPU needed): one bundle per (keys per warp, ring slots).
 
-    python benchmarks/tune_decode.py --out /tmp/tune_decode
+    python benchmarks/tuners/tune_decode.py --out /tmp/tune_decode
     python benchmarks/bench_decode.py --bundle /tmp/tune_decode/<config>.aotc --out /tmp/res_<config>   # GPU
 
 Each configuration is a tile record (aotc.families.sdpa_decode.Tile) for D128 on the big-smem class
 (sm_90); the bf16 D128 variants bench_decode uses (paged16, paged64, dense) are compiled with it straight
 through compile_variant(tile=...), with keys of their own (the cache's would not see the tile), into a
 bundle.
+The GPU timings of the configurations: benchmarks/results/tune_decode.jsonl.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {  # name: (keys per warp KW, ring slots, CTAs per SM) for D128 on sm_90; BLOCK_N = 4 * KW
@@ -32,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     from aotc.common.variant import Variant
     from aotc.families.sdpa_decode import Tile, tile
-    from benchmarks.tuning import write_tuning_bundle
+    from benchmarks.tuners.tuning import write_tuning_bundle
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 every configuration's bundle of a head dim and torch SDPA's cuDNN backend are timed in one process,
 in interleaved rounds with the clocks settled on each (benchmarks/timing.py).
 
-    python benchmarks/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc > tune.jsonl
+    python benchmarks/tuners/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc > tune.jsonl
 """
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main() -> None:
@@ -23,7 +22,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from timing import event_time, interleaved
+    from benchmarks.timing import event_time, interleaved
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
     runtimes = {Path(p).stem: aotc.runtime.load(p) for p in sys.argv[1:]}

@@ -1,13 +1,14 @@
 """Tile/schedule tuning for sdpa_prefill_sm90 (build side; no GPU needed).
 
-    python benchmarks/tune_prefill_sm90.py --out /tmp/tune     # one bundle per configuration
-    python benchmarks/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc   # on the GPU: time each beside cuDNN
+    python benchmarks/tuners/tune_prefill_sm90.py --out /tmp/tune     # one bundle per configuration
+    python benchmarks/tuners/tune_prefill_sm90_gpu.py /tmp/tune/*.aotc   # on the GPU: time each beside cuDNN
 
 Each configuration is a tile record (aotc.families.sdpa_prefill_sm90.Tile: block sizes, stages,
 ping-pong); the bf16 dense variants of one head dim (causal and not) are compiled with it straight
-through compile_variant(tile=...) (bypassing the cache, whose key does not see the tile) into a bundle.
+through compile_variant(tile=...) (bypassing the cache, whose key does not see the tile) into a bundle. The GPU half's
+output for these configurations: benchmarks/results/tune_prefill_sm90.jsonl.
 
-    python benchmarks/tune_prefill_sm90.py --full --merge artifacts/default.aotc --out /tmp/cand d128_n176
+    python benchmarks/tuners/tune_prefill_sm90.py --full --merge artifacts/default.aotc --out /tmp/cand d128_n176
 
 --full compiles every variant of the head dim (both dtypes, dense and ragged, causal and not), and
 --merge writes the base bundle with those variants replaced: a candidate the GPU suite can run
@@ -19,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CONFIGS = {  # name: (head_dim, (block_m, block_n, stages, pingpong))
@@ -63,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     from aotc.common.variant import Variant
     from aotc.families.sdpa_prefill_sm90 import Tile
-    from benchmarks.tuning import write_tuning_bundle
+    from benchmarks.tuners.tuning import write_tuning_bundle
 
     def variants(D, block_n):
         return [Variant.make("sdpa_prefill_sm90", "sm_90a", dtype=dtype, head_dim=D, layout=layout, causal=causal,

@@ -1,6 +1,6 @@
 """Why fp16 prefill runs slower than bf16: SM clock and board power while each runs, aotc beside cuDNN.
 
-    python benchmarks/fp16_power_probe.py --bundle artifacts/default.aotc --out benchmarks/results
+    python benchmarks/probes/fp16_power_probe.py --bundle artifacts/default.aotc --out benchmarks/results
 
 D128, non-causal, B 1 x S 16384, H 16, random normal inputs (as bench_prefill). Each contender
 (aotc's dispatched kernel and torch SDPA's cuDNN backend, in bf16 and fp16) launches back to back for
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -100,7 +100,8 @@ def main() -> None:
             del q, k, v, out
             torch.cuda.empty_cache()
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
-              "git_commit": git_commit(), "command": "python benchmarks/fp16_power_probe.py " + " ".join(sys.argv[1:]),
+              "git_commit": git_commit(),
+              "command": "python benchmarks/probes/fp16_power_probe.py " + " ".join(sys.argv[1:]),
               "shape": {"B": B, "S": S, "H": H, "D": D, "causal": False}, "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "fp16_power_probe.json").write_text(json.dumps(result, indent=1))

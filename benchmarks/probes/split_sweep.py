@@ -1,3 +1,9 @@
+"""Decode bandwidth over forced split counts at a few paged shapes (bf16, D 128, H 32/8, 16-token pages).
+
+    python benchmarks/probes/split_sweep.py     # from the repository root, with artifacts/default.aotc
+
+Prints, per (B, S_kv), "splits:TB/s" for the heuristic's count (first) and each forced one.
+"""
 import sys, torch
 sys.path.insert(0, ".")
 import aotc.runtime

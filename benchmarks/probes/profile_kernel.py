@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:kernel_cutlass --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
-        python3 benchmarks/profile_kernel.py prefill 128 2048 0
+        python3 benchmarks/probes/profile_kernel.py prefill 128 2048 0
 
 Arguments: family (prefill, decode: paged KV, 16-token pages in random order; decode-dense: KV as
 [B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000),
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aotc.runtime  # noqa: E402
 
 # the bundle: $AOTC_PROFILE_BUNDLE, else the default build
 rt = aotc.runtime.load(os.environ.get("AOTC_PROFILE_BUNDLE")
-                       or str(Path(__file__).resolve().parents[1] / "artifacts" / "default.aotc"))
+                       or str(Path(__file__).resolve().parents[2] / "artifacts" / "default.aotc"))
 family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
 if family == "prefill":
     B, H = max(1, 16384 // S), 16
