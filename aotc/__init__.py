@@ -13,6 +13,10 @@ from .common.errors import (AotcError, ArgumentError, ArgumentTypeError, BundleE
                             CompileError, DriverError, LockTimeoutError, MissingArtifactsError, RuntimeLoadError,
                             SpecError, VersionSkewError)
 
+__all__ = ["__version__", "load", "AotcError", "ArgumentError", "ArgumentTypeError", "BundleError", "CacheError",
+           "CompileError", "DriverError", "LockTimeoutError", "MissingArtifactsError", "RuntimeLoadError",
+           "SpecError", "VersionSkewError"]
+
 
 def load(*sources, **kwargs):
     """Load bundles into an aotc.runtime.Runtime: the given paths, or with no argument everything found here.

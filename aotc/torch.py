@@ -1,37 +1,33 @@
-"""PyTorch custom ops over the aotc runtime: ``torch.ops.aotc.prefill``, ``prefill_varlen`` and ``decode``.
+"""PyTorch ops over the aotc runtime: ``torch.ops.aotc.{prefill, prefill_varlen, decode}`` (returning out and
+LSE) and their ``*_out`` forms, which write into caller-provided buffers as serving engines' attention
+backends do (``accept_output_buffer``).
 
     import torch, aotc.torch
     out, lse = torch.ops.aotc.prefill(q, k, v, True, None)     # or aotc.torch.prefill(q, k, v, causal=True)
-    out, lse = aotc.torch.decode(q, k_cache, v_cache, seqlens_kv, page_table, max_seqlen_kv=4096)
+    torch.ops.aotc.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse)   # one call per layer
 
-* Importing ``aotc.torch`` never imports torch: the ops are registered at once
-  when torch is already imported, otherwise at the first call of one of this
-  module's functions or of :func:`register`. ``aotc.runtime`` itself never
-  imports torch.
-* Each op is a ``torch.library.custom_op`` with a fake (meta) implementation
-  (shapes and dtypes only), so ``torch.compile`` (``fullgraph=True``) traces
-  through it and ``FakeTensorMode`` / meta tensors propagate shapes.
-* The real implementation launches on ``torch.cuda.current_stream()`` of the
-  inputs' device, with outputs from ``torch.empty`` (the caching allocator; a
-  CUDA graph's private pool while capturing). It neither syncs nor allocates
-  through the driver, so it works inside ``torch.cuda.graph`` capture once a
-  first call outside capture has loaded the kernel and prepared its plan (the
-  usual warm-up before capture).
-* Kernels come from a module-level Runtime: :func:`set_runtime` (a Runtime or
-  bundle paths), else ``aotc.load()`` on first use (AOTC_BUNDLE_PATH, installed
-  bundle wheels, the cache).
+* Importing ``aotc.torch`` never imports torch: the ops are registered at once when torch is already
+  imported, otherwise at the first call of one of this module's functions or of :func:`register`.
+  ``aotc.runtime`` itself never imports torch.
+* The ops are defined with ``torch.library`` (a schema, one Python kernel for CUDA and CPU, a fake
+  implementation giving shapes and dtypes), so ``torch.compile(fullgraph=True)`` traces through them
+  and ``FakeTensorMode`` / meta tensors propagate shapes; their eager call is a dispatcher call into
+  one Python function (no ``custom_op`` wrapper).
+* On CUDA tensors a call reads each tensor's pointer, shape, strides and dtype once, looks its prepared
+  plan up by those (aotc.runtime plans: validated when first made) and launches on the current torch
+  stream: no allocation but the returned out/LSE of the functional ops, no memset, no sync, so it works
+  inside ``torch.cuda.graph`` capture once a first call outside capture has prepared the plan (the usual
+  warm-up). Decode without a workspace uses its plan's own (allocated and zeroed when the plan is made).
+* Kernels come from a module-level Runtime: :func:`set_runtime` (a Runtime or bundle paths), else
+  ``aotc.load()`` on first use.
 
-Outputs: ``out`` has q's shape and dtype (contiguous); ``lse`` is fp32, natural
-log: ``[B, H_q, S_q]`` for prefill and decode, ``[H_q, total_q]`` for
-prefill_varlen. Semantics (bottom-right causal alignment, GQA, paged layouts)
-are the runtime's: see ``Runtime.prefill``, ``Runtime.prefill_ragged`` and
-``Runtime.decode``. Needs torch >= 2.4 (``torch.library.custom_op``).
+Outputs: ``out`` has q's shape and dtype; ``lse`` is fp32, natural log: ``[B, H_q, S_q]`` for prefill and
+decode, ``[H_q, total_q]`` for prefill_varlen. Semantics (bottom-right causal alignment, GQA, paged
+layouts) are the runtime's: see ``Runtime.prefill``, ``Runtime.prefill_ragged`` and ``Runtime.decode``.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import math
 import sys
 import threading
 
@@ -41,17 +37,27 @@ NAMESPACE = "aotc"
 # operator schemas (torch's schema language); the Python signatures below match them
 SCHEMAS = {
     "prefill": "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)",
+    "prefill_out": "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse=None, bool causal=False, "
+                   "float? scale=None) -> ()",
     "prefill_varlen": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_kv, SymInt max_seqlen_q, "
                       "SymInt max_seqlen_kv, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)",
+    "prefill_varlen_out": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_kv, SymInt max_seqlen_q, "
+                          "SymInt max_seqlen_kv, Tensor(a!) out, Tensor(b!)? lse=None, bool causal=False, "
+                          "float? scale=None) -> ()",
     "decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table=None, "
-              "Tensor(a!)? workspace=None, SymInt max_seqlen_kv=0, str kv_layout=\"NHD\", int? num_splits=None, "
-              "float? scale=None) -> (Tensor out, Tensor lse)",
+              "Tensor(a!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, float? scale=None) "
+              "-> (Tensor out, Tensor lse)",
+    "decode_out": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table, Tensor(a!) out, "
+                  "Tensor(b!)? lse=None, Tensor(c!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, "
+                  "float? scale=None) -> ()",
 }
 
 _lock = threading.RLock()
-_registered = False
 _ops = None  # torch.ops.aotc once registered (a global, so torch.compile traces the wrappers below)
+_lib = None  # the torch.library.Library holding the definitions (kept alive)
 _runtime = None
+_plans: dict = {}  # (op, layout facts) -> prepared plan, for the current runtime
+MAX_PLANS = 1024
 
 
 def _torch():
@@ -62,8 +68,8 @@ def _torch():
 def set_runtime(runtime=None, *paths) -> None:
     """Use this Runtime for the ops (or load bundle paths: set_runtime("a.aotc", "b.aotc")); None resets.
 
-    Any object with the Runtime's ``prefill``, ``prefill_ragged``, ``decode`` and
-    ``decode_workspace_bytes`` methods will do (tests use a torch reference).
+    Any object with the Runtime's ``prefill``, ``prefill_ragged`` and ``decode`` methods will do for CPU
+    tensors (tests use a torch reference); CUDA tensors need a real Runtime (its prepared plans).
     """
     global _runtime
     if isinstance(runtime, (str, bytes)) or hasattr(runtime, "__fspath__"):
@@ -74,6 +80,7 @@ def set_runtime(runtime=None, *paths) -> None:
         raise TypeError("set_runtime(runtime) or set_runtime(path, *paths)")
     with _lock:
         _runtime = runtime
+        _plans.clear()
 
 
 def get_runtime():
@@ -90,52 +97,185 @@ def get_runtime():
     return rt
 
 
-# ---- helpers for the real implementations ------------------------------------------------------
-def _device_ctx(t):
+# ---- CUDA launches through cached plans --------------------------------------------------------------
+def _stream(torch, device: int) -> int:
+    """The raw handle of torch's current stream on `device` (what torch itself launches on)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def _plan(key, make):
+    plan = _plans.get(key)
+    if plan is None:
+        with _lock:
+            if len(_plans) >= MAX_PLANS:
+                _plans.pop(next(iter(_plans)))
+            plan = _plans[key] = make()
+    return plan
+
+
+def _on_device(torch, device: int, fn):
+    """fn() with torch's (and so the driver's) current device set to `device`."""
+    if torch.cuda.current_device() == device:
+        return fn()
+    with torch.cuda.device(device):
+        return fn()
+
+
+def _prefill_cuda(torch, q, k, v, out, lse, causal, scale, cu_q=None, cu_k=None, max_q=None, max_k=None):
+    dev = q.get_device()
+    key = ("prefill", dev, _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), _layout(cu_q),
+           _layout(cu_k), max_q, max_k, causal, scale)
+    rt = get_runtime()
+
+    def launch():
+        plan = _plan(key, lambda: rt.prepare_prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale,
+                                                      cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max_q,
+                                                      max_seqlen_kv=max_k))
+        plan.checked_run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                         0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr(),
+                         _stream(torch, dev))
+
+    _on_device(torch, dev, launch)
+
+
+def _decode_cuda(torch, q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
+    dev = q.get_device()
+    key = ("decode", dev, _layout(q), k_cache.data_ptr(), _layout(k_cache), v_cache.data_ptr(), v_cache.stride(),
+           _layout(seqlens_kv), _layout(page_table), _layout(out), _layout(lse),
+           None if workspace is None else (workspace.data_ptr(), workspace.shape, workspace.dtype),
+           kv_layout, chunks, scale)
+    rt = get_runtime()
+
+    def launch():
+        plan = _plan(key, lambda: rt.prepare_decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
+                                                     kv_layout=kv_layout, chunks=chunks, workspace=workspace,
+                                                     softmax_scale=scale))
+        plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), seqlens_kv.data_ptr(),
+                         0 if page_table is None else page_table.data_ptr(), _stream(torch, dev))
+
+    _on_device(torch, dev, launch)
+
+
+# ---- the kernels behind the ops (CUDA: plans; CPU: the runtime object's one-call methods) ------------------
+def _prefill_into(q, k, v, out, lse, causal, scale):
     torch = _torch()
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    if q.is_cuda:
+        _prefill_cuda(torch, q, k, v, out, lse, causal, scale)
+    else:
+        get_runtime().prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=None)
 
 
-def _stream(t):
-    """The handle of the current torch stream on t's device (what torch itself launches on); None for CPU."""
-    if not t.is_cuda:
-        return None
-    return _torch().cuda.current_stream(t.device).cuda_stream
-
-
-def _lse_like(q, shape):
+def _prefill_varlen_into(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, causal, scale):
     torch = _torch()
-    return torch.empty(shape, dtype=torch.float32, device=q.device)
+    if q.is_cuda:
+        _prefill_cuda(torch, q, k, v, out, lse, causal, scale, cu_q, cu_k, int(max_q), int(max_k))
+    else:
+        get_runtime().prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse, causal=causal,
+                                     softmax_scale=scale, stream=None)
 
 
-def _decode_splits(q, k_cache, page_table, kv_layout: str, max_seqlen_kv: int) -> int:
-    """The runtime's split heuristic (aotc.runtime.decode.choose_splits) with torch's SM count."""
-    from .families.sdpa_decode import ROWS_PER_CTA
-    from .runtime.decode import choose_splits
+def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
+    torch = _torch()
+    if q.is_cuda:
+        _decode_cuda(torch, q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+    else:
+        get_runtime().decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, kv_layout=kv_layout,
+                             chunks=chunks, workspace=workspace, softmax_scale=scale, stream=None)
 
-    batch, seqlen_q, heads_q, _ = q.shape
-    head_ax = 1 if (page_table is not None and kv_layout == "HND") else 2
-    heads_kv = max(1, int(k_cache.shape[head_ax]))
-    row_tiles = math.ceil(heads_q // heads_kv * seqlen_q / ROWS_PER_CTA) if heads_q % heads_kv == 0 else 1
-    sms = _torch().cuda.get_device_properties(q.device).multi_processor_count
-    return choose_splits(batch, heads_kv, max(1, row_tiles), max_seqlen_kv, sms)
+
+def _outputs(q, lse_shape):
+    torch = _torch()
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(lse_shape, dtype=torch.float32, device=q.device))
+
+
+def _prefill_op(q, k, v, causal=False, scale=None):
+    out, lse = _outputs(q, (q.shape[0], q.shape[2], q.shape[1]))
+    _prefill_into(q, k, v, out, lse, causal, scale)
+    return out, lse
+
+
+def _prefill_out_op(q, k, v, out, lse=None, causal=False, scale=None):
+    _prefill_into(q, k, v, out, lse, causal, scale)
+
+
+def _prefill_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=False, scale=None):
+    out, lse = _outputs(q, (q.shape[1], q.shape[0]))
+    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+    return out, lse
+
+
+def _prefill_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse=None,
+                           causal=False, scale=None):
+    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+
+
+def _decode_op(q, k_cache, v_cache, seqlens_kv, page_table=None, workspace=None, kv_layout="NHD", chunks=None,
+               scale=None):
+    out, lse = _outputs(q, (q.shape[0], q.shape[2], q.shape[1]))
+    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+    return out, lse
+
+
+def _decode_out_op(q, k_cache, v_cache, seqlens_kv, page_table, out, lse=None, workspace=None, kv_layout="NHD",
+                   chunks=None, scale=None):
+    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+
+
+_KERNELS = {"prefill": _prefill_op, "prefill_out": _prefill_out_op, "prefill_varlen": _prefill_varlen_op,
+            "prefill_varlen_out": _prefill_varlen_out_op, "decode": _decode_op, "decode_out": _decode_out_op}
+
+
+# ---- fake (meta) implementations ---------------------------------------------------------------------
+def _check_rank(q, ndim: int, what: str) -> None:
+    if q.dim() != ndim:
+        raise ValueError(f"aotc: q must be {what}, got {q.dim()} dimensions")
+
+
+def _fake_dense(q, *args, **kwargs):
+    _check_rank(q, 4, "q [B, S_q, H_q, D]")
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=_torch().float32)
+
+
+def _fake_varlen(q, *args, **kwargs):
+    _check_rank(q, 3, "q [total_q, H_q, D]")
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=_torch().float32)
+
+
+def _fake_out(q, *args, **kwargs):
+    return None
+
+
+_FAKES = {"prefill": _fake_dense, "prefill_out": _fake_out, "prefill_varlen": _fake_varlen,
+          "prefill_varlen_out": _fake_out, "decode": _fake_dense, "decode_out": _fake_out}
 
 
 # ---- registration -------------------------------------------------------------------------------
 def register():
-    """Register torch.ops.aotc.{prefill, prefill_varlen, decode} (idempotent; imports torch); returns torch.ops.aotc."""
-    global _registered, _ops
+    """Register torch.ops.aotc.* (idempotent; imports torch); returns torch.ops.aotc."""
+    global _ops, _lib
     if _ops is not None:
         return _ops
     with _lock:
         if _ops is not None:
             return _ops
         torch = _torch()
-        if not hasattr(torch.library, "custom_op"):
-            raise ImportError(f"aotc.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
+        if not hasattr(torch.library, "register_fake"):
+            raise ImportError(f"aotc.torch needs torch >= 2.4 (torch.library.register_fake); this is torch "
+                              f"{torch.__version__}")
         if not _already_defined(torch):  # defined already when this module was reloaded: ops outlive modules
-            _define(torch)
-        _registered = True
+            lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+            for name, schema in SCHEMAS.items():
+                lib.define(name + schema)
+                for key in ("CUDA", "CPU"):
+                    lib.impl(name, _KERNELS[name], key)
+                torch.library.register_fake(f"{NAMESPACE}::{name}", _FAKES[name], lib=lib)
+            _lib = lib
         _ops = torch.ops.aotc
     return _ops
 
@@ -148,95 +288,42 @@ def _already_defined(torch) -> bool:
         return False
 
 
-def _define(torch) -> None:
-    lib = torch.library
-
-    @lib.custom_op(f"{NAMESPACE}::prefill", mutates_args=(), schema=SCHEMAS["prefill"])
-    def _prefill(q, k, v, causal=False, scale=None):
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = _lse_like(q, (q.shape[0], q.shape[2], q.shape[1]))
-        with _device_ctx(q):
-            get_runtime().prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=_stream(q))
-        return out, lse
-
-    @_prefill.register_fake
-    def _(q, k, v, causal=False, scale=None):
-        _check_rank(q, 4, "q [B, S_q, H_q, D]")
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-    @lib.custom_op(f"{NAMESPACE}::prefill_varlen", mutates_args=(), schema=SCHEMAS["prefill_varlen"])
-    def _prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=False, scale=None):
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = _lse_like(q, (q.shape[1], q.shape[0]))
-        with _device_ctx(q):
-            get_runtime().prefill_ragged(q, k, v, out, cu_seqlens_q, cu_seqlens_kv, int(max_seqlen_q),
-                                         int(max_seqlen_kv), lse, causal=causal, softmax_scale=scale,
-                                         stream=_stream(q))
-        return out, lse
-
-    @_prefill_varlen.register_fake
-    def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=False, scale=None):
-        _check_rank(q, 3, "q [total_q, H_q, D]")
-        return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-    @lib.custom_op(f"{NAMESPACE}::decode", mutates_args=("workspace",), schema=SCHEMAS["decode"])
-    def _decode(q, k_cache, v_cache, seqlens_kv, page_table=None, workspace=None, max_seqlen_kv=0, kv_layout="NHD",
-                num_splits=None, scale=None):
-        rt = get_runtime()
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = _lse_like(q, (q.shape[0], q.shape[2], q.shape[1]))
-        max_seqlen_kv = int(max_seqlen_kv)
-        with _device_ctx(q):
-            if q.is_cuda and num_splits is None and q.dim() == 4:
-                num_splits = _decode_splits(q, k_cache, page_table, kv_layout, max_seqlen_kv)
-            if workspace is None and num_splits is not None and num_splits > 1 and q.dim() == 4:
-                b, s, h, d = q.shape
-                # zeros: the split counters in its last bytes must start at 0 (see aotc.runtime.decode)
-                workspace = torch.zeros(rt.decode_workspace_bytes(b, s, h, d, num_splits), dtype=torch.uint8,
-                                        device=q.device)
-            rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
-                      kv_layout=kv_layout, num_splits=num_splits, workspace=workspace, softmax_scale=scale,
-                      stream=_stream(q))
-        return out, lse
-
-    @_decode.register_fake
-    def _(q, k_cache, v_cache, seqlens_kv, page_table=None, workspace=None, max_seqlen_kv=0, kv_layout="NHD",
-          num_splits=None, scale=None):
-        _check_rank(q, 4, "q [B, S_q, H_q, D]")
-        return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-
-
-def _check_rank(q, ndim: int, what: str) -> None:
-    if q.dim() != ndim:
-        raise ValueError(f"aotc: q must be {what}, got {q.dim()} dimensions")
-
-
 # ---- Python entry points ------------------------------------------------------------------------
-def prefill(q, k, v, *, causal: bool = False, scale: float | None = None):
-    """(out, lse) = attention over dense q [B, S_q, H_q, D], k/v [B, S_kv, H_kv, D]: torch.ops.aotc.prefill."""
-    return (_ops or register()).prefill(q, k, v, causal, scale)
+def prefill(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None):
+    """(out, lse) = attention over dense q [B, S_q, H_q, D], k/v [B, S_kv, H_kv, D]: torch.ops.aotc.prefill,
+    or prefill_out into the given out (and lse) buffers."""
+    ops = _ops or register()
+    if out is None:
+        return ops.prefill(q, k, v, causal, scale)
+    ops.prefill_out(q, k, v, out, lse, causal, scale)
+    return out, lse
 
 
 def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int, max_seqlen_kv: int, *,
-                   causal: bool = False, scale: float | None = None):
+                   causal: bool = False, scale: float | None = None, out=None, lse=None):
     """(out, lse [H_q, total_q]) over packed tokens q [total_q, H_q, D] with int32 cu_seqlens [B + 1]."""
-    return (_ops or register()).prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-                                            causal, scale)
+    ops = _ops or register()
+    if out is None:
+        return ops.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal, scale)
+    ops.prefill_varlen_out(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+    return out, lse
 
 
-def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, max_seqlen_kv: int, workspace=None,
-           kv_layout: str = "NHD", num_splits: int | None = None, scale: float | None = None):
-    """(out, lse) for q [B, S_q<=16, H_q, D] over a paged (NHD/HND) or dense KV cache: torch.ops.aotc.decode.
+def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, kv_layout: str = "NHD",
+           chunks: int | None = None, scale: float | None = None, out=None, lse=None):
+    """(out, lse) for q [B, S_q<=16, H_q, D] over a paged (NHD/HND) or dense KV cache: torch.ops.aotc.decode,
+    or decode_out into the given out (and lse) buffers.
 
-    max_seqlen_kv bounds every seqlens_kv entry (it fixes the split count when
-    num_splits is None). workspace (uint8, decode_workspace_bytes) is allocated
-    (zeroed) per call when None and more than one split is used; one passed in
-    must be zeroed before its first use and written by nothing else between
-    decode calls (its last bytes hold the split counters, which every call
-    leaves at zero).
+    The work partition follows the device-side seqlens_kv at every call (chunks: its target chunk count,
+    one wave of CTAs by default). workspace: None for the plan's own; one passed in (uint8,
+    rt.decode_workspace_bytes) must be written by nothing else between decode calls (its last bytes hold
+    counters every call leaves at zero).
     """
-    return (_ops or register()).decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, max_seqlen_kv,
-                                    kv_layout, num_splits, scale)
+    ops = _ops or register()
+    if out is None:
+        return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale)
+    ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+    return out, lse
 
 
 if "torch" in sys.modules:  # torch is already here: make torch.ops.aotc.* available at once

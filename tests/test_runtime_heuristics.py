@@ -1,30 +1,93 @@
-"""The runtime's launch heuristics: decode split counts, combine split groups (pure arithmetic: no GPU needed)."""
+"""The runtime's launch heuristics, pure arithmetic (no GPU): the decode work partition and its
+workspace, and the combine's split groups.
+
+The decode partition is checked with the facts the compiled kernels record (block_n, rows per CTA,
+CTAs per SM, the smallest chunk), read off cubins compiled here for every head dim, through the host
+half of the schedule (aotc.families.schedulers), whose arithmetic the kernel's device half
+(aotc.kernels.tile_scheduler.KvChunks) repeats; the GPU suite checks the kernel's results over the same
+kinds of batches.
+"""
 import math
+import random
 
 import pytest
 
-from aotc.runtime.decode import BLOCK_N, CTAS_PER_SM, MAX_SPLITS, choose_splits
+from aotc.families.schedulers import decode_chunks, decode_columns, decode_grid, kv_chunk_partition
+
+SMS = 132  # the H200's SM count
 
 
-def test_b1_long_context_fills_one_wave_without_an_empty_split():
-    # H200: 132 SMs, 2 CTAs each; B=1, 8 KV heads -> 33 would fit, but 512 blocks in 33 splits are
-    # 32 splits of 16 blocks and one empty split: 32
-    assert choose_splits(1, 8, 1, 32768, 132) == 32
+@pytest.fixture(scope="module")
+def decode_facts(tmp_path_factory):
+    """{head_dim: launch facts} of real sdpa_decode cubins (paged16, sm_90), as the runtime reads them."""
+    pytest.importorskip("cutlass")
+    from aotc.build.compile import compile_variant
+    from aotc.common.variant import Variant
+
+    facts = {}
+    for d in (64, 128, 256):
+        v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=d, kv="paged16")
+        facts[d] = compile_variant(v, key="0" * 64, check_sources=False).launch.extra
+    return facts
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3, 8, 64, 128])
-@pytest.mark.parametrize("heads_kv", [1, 4, 8, 32])
-@pytest.mark.parametrize("seqlen", [0, 1, 63, 64, 300, 4097, 32768, 131072])
-def test_splits_fit_one_wave_and_each_gets_blocks(batch, heads_kv, seqlen):
-    sms = 132
-    n = choose_splits(batch, heads_kv, 1, seqlen, sms)
-    assert 1 <= n <= MAX_SPLITS
-    ctas = batch * heads_kv
-    assert n == 1 or n * ctas <= sms * CTAS_PER_SM
-    blocks = max(1, math.ceil(seqlen / BLOCK_N))
-    assert n == 1 or math.ceil(blocks / n) >= 4  # at least 4 blocks of work per split
-    per_split = math.ceil(blocks / n)
-    assert (n - 1) * per_split < blocks, f"{n} splits of {per_split} blocks leave the last one empty"
+def _partition(facts, lengths, heads_q, heads_kv, seqlen_q=1):
+    bn, min_chunk = int(facts["block_n"]), int(facts["min_chunk_blocks"])
+    columns = decode_columns(heads_q, heads_kv, seqlen_q, int(facts["rows_per_cta"]))
+    chunks = decode_chunks(columns, SMS, int(facts["ctas_per_sm"]))
+    blocks = [math.ceil(n / bn) for n in lengths]
+    return blocks, chunks, columns, kv_chunk_partition(blocks, chunks, min_chunk)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+@pytest.mark.parametrize("heads_kv", [1, 2, 4, 8])
+def test_decode_partition_never_yields_an_empty_chunk(decode_facts, head_dim, batch, heads_kv):
+    facts = decode_facts[head_dim]
+    for seqlen in (256, 1000, 4096, 8192, 32768, 65536):
+        blocks, chunks, columns, parts = _partition(facts, [seqlen] * batch, heads_kv * 4, heads_kv)
+        assert all(n > 0 for _, _, n in parts), f"an empty chunk at S_kv {seqlen}: {parts}"
+        # every kv block of every sequence in exactly one chunk
+        for b, nb in enumerate(blocks):
+            covered = sorted(j for s, lo, n in parts if s == b for j in range(lo, lo + n))
+            assert covered == list(range(nb))
+        # the grid's chunk extent holds every chunk, and the GPU is filled when there is enough work
+        assert len(parts) <= decode_grid(columns, chunks, batch)[1] == chunks + batch
+        if sum(blocks) >= chunks * int(facts["min_chunk_blocks"]):
+            # chunks of ceil(W / T) blocks: at least T * W / (W + T) of them, 4/5 of a wave with W >= 4 T
+            assert len(parts) >= 0.8 * chunks
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_partition_balances_skewed_batches(decode_facts, head_dim):
+    """Lengths 0, 1, 15, 16, 17 beside 32768 and more: every chunk is at most the common chunk size, the
+    largest chunks come first, and a zero-length sequence gets its (empty) chunk, which writes O = 0."""
+    facts = decode_facts[head_dim]
+    rng = random.Random(7)
+    batches = [[0, 1, 15, 16, 17, 32768, 40000],
+               [32768, 32768] + [1024] * 62,
+               [32768] + [512] * 7,
+               [int(min(65536, 64 * rng.paretovariate(0.8))) for _ in range(128)]]
+    for lengths in batches:
+        blocks, chunks, columns, parts = _partition(facts, lengths, 32, 8)
+        c = max(int(facts["min_chunk_blocks"]), -(-sum(blocks) // chunks))
+        assert all(n <= c for _, _, n in parts)
+        sizes = [n for _, _, n in parts]
+        full = sum(nb // c for nb in blocks)
+        assert sizes[:full] == [c] * full  # full chunks first, then the partial ones
+        for b, nb in enumerate(blocks):
+            mine = [(lo, n) for s, lo, n in parts if s == b]
+            assert mine, f"sequence {b} has no chunk"
+            assert sum(n for _, n in mine) == nb
+        # no chunk slot holds more than ceil(W / T) + one chunk of work: within a chunk of the ideal
+        assert max(sizes) <= c <= max(int(facts["min_chunk_blocks"]), math.ceil(sum(blocks) / chunks))
+
+
+def test_decode_facts_are_the_kernels_own(decode_facts):
+    """D64 walks 128 keys per kv block, D128 and D256 64: the runtime reads that off the kernel, where it
+    once assumed 64 everywhere (a third of D64 cases then launched an empty split)."""
+    assert {d: f["block_n"] for d, f in decode_facts.items()} == {64: 128, 128: 64, 256: 64}
+    assert all(f["ctas_per_sm"] == 2 and f["rows_per_cta"] == 16 for f in decode_facts.values())
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -50,31 +113,32 @@ def test_combine_split_groups_by_shape():
     assert choose_split_groups(d128, 64 * 32, 132) == 1  # B=64: rows fill the GPU, one slice per row
 
 
-
 @pytest.mark.parametrize("batch,seqlen_q,heads_q,heads_kv", [(1, 1, 32, 8), (3, 4, 8, 2), (64, 1, 32, 8),
                                                              (2, 16, 64, 1), (5, 1, 16, 16), (1, 3, 40, 8)])
-@pytest.mark.parametrize("splits", [2, 7, 64])
+@pytest.mark.parametrize("chunks", [2, 7, 64])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_decode_workspace_layout(batch, seqlen_q, heads_q, heads_kv, splits, head_dim):
+def test_decode_workspace_layout(batch, seqlen_q, heads_q, heads_kv, chunks, head_dim):
     from aotc.runtime.decode import workspace_bytes, workspace_layout
 
-    need = workspace_bytes(batch, seqlen_q, heads_q, head_dim, splits)
+    need = workspace_bytes(batch, seqlen_q, heads_q, head_dim, chunks)
+    slots = chunks + batch  # every chunk the partition can make
     for nbytes in (need, need + 4, need + 1000):
-        at = workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, splits, nbytes)
-        rows = batch * seqlen_q * heads_q
+        at = workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, chunks, nbytes)
+        rows = seqlen_q * heads_q
         # one counter per decode CTA column (sequence, KV head, row tile of 16 packed rows)
         assert at["n_counters"] == batch * heads_kv * math.ceil(heads_q // heads_kv * seqlen_q / 16)
-        assert at["lse_partial"] >= splits * rows * head_dim * 4 and at["lse_partial"] % 16 == 0
-        assert at["partials_end"] >= at["lse_partial"] + splits * rows * 4
+        assert at["lse_partial"] >= slots * rows * head_dim * 4 and at["lse_partial"] % 16 == 0
+        assert at["partials_end"] >= at["lse_partial"] + slots * rows * 4
         assert at["counters"] % 16 == 0 and at["counters"] >= at["partials_end"]
         assert at["counters"] + at["n_counters"] * 4 <= nbytes
     with pytest.raises(ValueError, match="too small"):
-        workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, splits, need - 16)
+        workspace_layout(batch, seqlen_q, heads_q, heads_kv, head_dim, chunks, need - 16)
+    assert workspace_bytes(batch, seqlen_q, heads_q, head_dim, 1) == 0  # one chunk: nothing is split
 
 
 def test_decode_plans_sharing_a_workspace_sized_for_the_largest_never_overlap():
     # every plan's partials end before every other plan's counters start when the buffer is sized with
-    # decode_workspace_bytes of the most rows and splits (what the decode docs advise)
+    # decode_workspace_bytes of the most rows and chunks (what the decode docs advise)
     from aotc.runtime.decode import workspace_bytes, workspace_layout
 
     configs = [(b, 1, hq, hkv, s) for b in (1, 8, 64) for hq, hkv in ((32, 8), (16, 2), (8, 8)) for s in (2, 24, 64)]

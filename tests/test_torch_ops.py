@@ -15,7 +15,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-if not hasattr(torch.library, "custom_op"):
+if not hasattr(torch.library, "register_fake"):
     pytest.skip("aotc.torch needs torch >= 2.4", allow_module_level=True)
 
 import aotc.torch as aotc_torch  # noqa: E402
@@ -68,12 +68,12 @@ class Reference:
             if lse is not None:
                 lse[:, qs].copy_(l)
 
-    def decode_workspace_bytes(self, batch, seqlen_q, heads_q, head_dim, num_splits):
-        return 0 if num_splits <= 1 else num_splits * batch * seqlen_q * heads_q * (head_dim + 1) * 4
+    def decode_workspace_bytes(self, batch, seqlen_q, heads_q, head_dim, chunks):
+        return 0 if chunks <= 1 else (chunks + batch) * seqlen_q * heads_q * (head_dim + 1) * 4
 
-    def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv,
-               kv_layout="NHD", num_splits=None, workspace=None, softmax_scale=None, stream=None):
-        self.calls.append(("decode", stream, num_splits, None if workspace is None else workspace.numel()))
+    def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
+               kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, stream=None):
+        self.calls.append(("decode", stream, chunks, None if workspace is None else workspace.numel()))
         if workspace is not None:
             workspace.zero_()  # the kernel writes its partials there
         scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
@@ -142,6 +142,11 @@ def test_ops_are_registered_with_their_schemas():
         op = getattr(torch.ops.aotc, name).default
         assert str(op._schema) == f"aotc::{name}{schema}"
     assert torch.ops.aotc.decode.default._schema.arguments[5].alias_info.is_write  # workspace is written
+    written = {a.name for a in torch.ops.aotc.decode_out.default._schema.arguments
+               if a.alias_info is not None and a.alias_info.is_write}
+    assert written == {"out", "lse", "workspace"}  # the caller's buffers are declared mutated
+    assert {a.name for a in torch.ops.aotc.prefill_out.default._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write} == {"out", "lse"}
 
 
 # ---- fake implementations --------------------------------------------------------------------------
@@ -161,7 +166,7 @@ def test_fake_shapes_under_fake_tensor_mode():
         qd = torch.empty(4, 2, 8, 128, dtype=torch.float16)
         kc = torch.empty(64, 16, 2, 128, dtype=torch.float16)
         out, lse = aotc_torch.decode(qd, kc, kc, torch.empty(4, dtype=torch.int32),
-                                     torch.empty(4, 16, dtype=torch.int32), max_seqlen_kv=256)
+                                     torch.empty(4, 16, dtype=torch.int32))
         assert (out.shape, out.dtype, lse.shape, lse.dtype) == (qd.shape, torch.float16, (4, 8, 2), torch.float32)
 
 
@@ -190,9 +195,38 @@ def test_opcheck_prefill_varlen(ref):
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_opcheck_decode(ref, layout):
     q, k, v, seqlens, pt = paged(layout=layout)
-    torch.library.opcheck(torch.ops.aotc.decode.default, (q, k, v, seqlens, pt, None, 48, layout, None, None))
+    torch.library.opcheck(torch.ops.aotc.decode.default, (q, k, v, seqlens, pt, None, layout, None, None))
     ws = torch.zeros(ref.decode_workspace_bytes(2, 1, 4, 64, 2), dtype=torch.uint8)
-    torch.library.opcheck(torch.ops.aotc.decode.default, (q, k, v, seqlens, pt, ws, 48, layout, 2, None))
+    torch.library.opcheck(torch.ops.aotc.decode.default, (q, k, v, seqlens, pt, ws, layout, 2, None))
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1)
+    torch.library.opcheck(torch.ops.aotc.decode_out.default, (q, k, v, seqlens, pt, out, lse, ws, layout, 2, None))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_out_variants(ref, causal):
+    q, k, v = dense()
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 5)
+    torch.library.opcheck(torch.ops.aotc.prefill_out.default, (q, k, v, out, lse, causal, None))
+    torch.library.opcheck(torch.ops.aotc.prefill_out.default, (q, k, v, out, None, causal, 0.2))
+    q, k, v = dense(b=1, s_q=9, s_kv=12)
+    cu_q, cu_k = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([0, 5, 12], dtype=torch.int32)
+    out, lse = torch.empty_like(q[0]), torch.empty(4, 9)
+    torch.library.opcheck(torch.ops.aotc.prefill_varlen_out.default,
+                          (q[0], k[0], v[0], cu_q, cu_k, 5, 7, out, lse, causal, None))
+
+
+def test_out_variants_write_the_callers_buffers(ref):
+    q, k, v = dense(s_q=6, s_kv=9)
+    want_out, want_lse = aotc_torch.prefill(q, k, v, causal=True)
+    out, lse = torch.full_like(q, math.nan), torch.full((2, 4, 6), math.nan)
+    got = aotc_torch.prefill(q, k, v, causal=True, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    qd, kc, vc, seqlens, pt = paged()
+    want_out, want_lse = aotc_torch.decode(qd, kc, vc, seqlens, pt)
+    out, lse = torch.full_like(qd, math.nan), torch.full((2, 4, 1), math.nan)
+    aotc_torch.decode(qd, kc, vc, seqlens, pt, out=out, lse=lse)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
 def test_ops_compute_what_the_runtime_computes(ref):
@@ -208,17 +242,20 @@ def test_ops_compute_what_the_runtime_computes(ref):
     out, _ = aotc_torch.prefill(q, k, v)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     torch.testing.assert_close(out, sdpa.transpose(1, 2))
-    # decode with a workspace the op allocates itself when more than one split is asked for
+    # decode: the op allocates no workspace (a CUDA plan has its own); a caller's one reaches the runtime
     qd, kc, vc, seqlens, pt = paged()
-    out, lse = aotc_torch.decode(qd, kc, vc, seqlens, pt, max_seqlen_kv=48, num_splits=3)
-    assert ref.calls[-1] == ("decode", None, 3, ref.decode_workspace_bytes(2, 1, 4, 64, 3))
+    out, lse = aotc_torch.decode(qd, kc, vc, seqlens, pt, chunks=3)
+    assert ref.calls[-1] == ("decode", None, 3, None)
     assert out.shape == qd.shape and torch.isfinite(lse).all()
+    ws = torch.zeros(ref.decode_workspace_bytes(2, 1, 4, 64, 3), dtype=torch.uint8)
+    aotc_torch.decode(qd, kc, vc, seqlens, pt, chunks=3, workspace=ws)
+    assert ref.calls[-1] == ("decode", None, 3, ws.numel())
 
 
 # ---- torch.compile -----------------------------------------------------------------------------------
 def _attention_block(q, k, v, kc, vc, seqlens, pt):
     out, lse = torch.ops.aotc.prefill(q, k, v, True, None)
-    dec, dlse = aotc_torch.decode(q[:, -1:], kc, vc, seqlens, pt, max_seqlen_kv=48)
+    dec, dlse = aotc_torch.decode(q[:, -1:], kc, vc, seqlens, pt)
     return out * 2 + 1, lse.exp().sum(-1), dec.sum(), dlse
 
 

@@ -15,3 +15,28 @@ def persistent_grid(m_blocks: int, heads_q: int, batch: int, sm_count: int) -> t
     if tiles >= INT32_LIMIT:
         raise ValueError(f"{tiles} query tiles: the kernel's tile count is 32-bit")
     return (min(tiles, sm_count), 1, 1)
+
+
+def decode_columns(heads_q: int, heads_kv: int, seqlen_q: int, rows_per_cta: int) -> int:
+    """CTAs per chunk of a decode step (grid.x): one per (KV head, row tile of its packed query rows)."""
+    return heads_kv * -(-(heads_q // heads_kv * seqlen_q) // rows_per_cta)
+
+
+def decode_chunks(columns: int, sm_count: int, ctas_per_sm: int) -> int:
+    """KvChunks' target chunk count T: one wave of CTAs (columns of them per chunk) over the GPU."""
+    return max(1, sm_count * ctas_per_sm // columns)
+
+
+def decode_grid(columns: int, chunks: int, batch: int) -> tuple[int, int, int]:
+    """KvChunks (aotc.kernels.tile_scheduler): at most chunks + batch chunks, `columns` CTAs each."""
+    return (columns, chunks + batch, 1)
+
+
+def kv_chunk_partition(kv_blocks: list[int], chunks: int, min_chunk_blocks: int) -> list[tuple[int, int, int]]:
+    """The (sequence, first block, blocks) of every chunk KvChunks makes, in chunk-index order, for the given
+    kv blocks per sequence: the same arithmetic as the kernel, for tests and benchmark reports."""
+    total = sum(kv_blocks)
+    c = max(min_chunk_blocks, -(-total // chunks))
+    full = [(b, j * c, c) for b, n in enumerate(kv_blocks) for j in range(n // c)]
+    partial = [(b, n // c * c, n % c) for b, n in enumerate(kv_blocks) if n % c or n == 0]
+    return full + partial

@@ -73,7 +73,7 @@ class Tile:
         return BARRIER_BYTES + tiles * 2
 
 
-# (head dim, block_n) -> tile. Chosen by measurement on the H200 (benchmarks/tune_prefill_sm90.py,
+# (head dim, block_n) -> tile. Chosen by measurement on the H200 (benchmarks/tuners/tune_prefill_sm90.py,
 # bench_prefill.py --baseline-bundle): D64 runs best at block_n 128, D256 at 80; the ping-pong of the
 # consumers' GEMM issue pays for D64 and D256. D64 has three consumer warpgroups (block_m 192): its
 # softmax is a larger share of the work, and with two, ncu found the schedulers without an eligible

@@ -19,6 +19,7 @@ from typing import Iterable
 
 from ..common.artifact import Artifact
 from ..common.errors import RuntimeLoadError
+from .plan import cached_plan
 from .tensors import TensorArg, as_stream, as_tensor, tensor
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
@@ -148,44 +149,44 @@ class Runtime:
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
                 max_seqlen_kv=max_seqlen_kv, family=family)
 
-    def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, num_splits: int) -> int:
-        """Workspace a decode with num_splits splits needs (0 for one split)."""
+    def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, chunks: int) -> int:
+        """Workspace a decode with `chunks` target chunks needs (0 for chunks=1); a prepared plan's is
+        plan.workspace_bytes (its chunks: plan.chunks)."""
         from .decode import workspace_bytes
 
-        return workspace_bytes(batch, seqlen_q, heads_q, head_dim, num_splits)
+        return workspace_bytes(batch, seqlen_q, heads_q, head_dim, chunks)
 
-    def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv: int,
-                       kv_layout: str = "NHD", num_splits: int | None = None, workspace=None,
-                       softmax_scale: float | None = None):
-        """Validate once for a layout and an extent envelope; returns a DecodePlan (see aotc.runtime.decode)."""
+    def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
+                       max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
+                       workspace=None, softmax_scale: float | None = None):
+        """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
+        follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
+        table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
+        by default, 1 never splits; workspace: None for the plan's own."""
         from .decode import DecodePlan
 
         return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
-                          kv_layout=kv_layout, num_splits=num_splits, workspace=workspace, softmax_scale=softmax_scale)
+                          kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale)
 
-    def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv: int,
-               kv_layout: str = "NHD", num_splits: int | None = None, workspace=None, softmax_scale=None,
-               stream=None) -> None:
-        """One decode step; the plan for these caches and layouts (and this workspace) is prepared once
-        and cached. With split-KV the workspace's split counters are zeroed when the plan is prepared, and
-        each step leaves them zero: keep the workspace for decode alone (see aotc.runtime.decode)."""
+    def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
+               max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None, workspace=None,
+               softmax_scale=None, stream=None) -> None:
+        """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
+        cached: a repeated call reads the tensors, looks the plan up and launches."""
         from .decode import DecodePlan
 
         recs = [None if x is None else as_tensor(x, n) for x, n in
-                ((k_cache, "k_cache"), (v_cache, "v_cache"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"),
-                 (workspace, "workspace"))]
-        qr, outr = as_tensor(q, "q"), as_tensor(out, "out")
-        lsr = None if lse is None else as_tensor(lse, "lse")
-        key = ("sdpa_decode", self.device(), tuple(None if r is None else (r.ptr, r.shape, r.strides, r.dtype, r.device)
-                                                   for r in recs),
-               (qr.shape, qr.strides, qr.dtype, outr.shape, outr.strides, None if lsr is None else (lsr.shape, lsr.strides)),
-               max_seqlen_kv, kv_layout, num_splits, softmax_scale)
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = DecodePlan(self, qr, recs[0], recs[1], outr, recs[2], recs[3], lsr, max_seqlen_kv=max_seqlen_kv,
-                              kv_layout=kv_layout, num_splits=num_splits, workspace=recs[4], softmax_scale=softmax_scale)
-            self.remember_plan(key, plan)
-        plan(qr, outr, lsr, stream=stream)
+                ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
+                 (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
+        qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
+        key = ("sdpa_decode", self.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
+               tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
+               max_seqlen_kv, kv_layout, chunks, softmax_scale)
+        plan = cached_plan(self, key, lambda: DecodePlan(
+            self, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
+            workspace=wsr, softmax_scale=softmax_scale))
+        plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr,
+                         0 if ptr is None else ptr.ptr, as_stream(stream))
 
     MAX_PLANS = 1024
 

@@ -16,14 +16,16 @@ from ..common.errors import ArgumentError
 from ..families.sdpa_combine import choose_split_groups
 from . import driver
 from . import validate as V
-from .launch import PreparedLaunch
+from .plan import Plan, cached_plan
 from .tensors import TensorArg, as_stream, as_tensor
 
 FAMILY = "sdpa_combine"
 OUT_DTYPES = ("fp16", "bf16", "fp32")
 
 
-class CombinePlan:
+class CombinePlan(Plan):
+    family = FAMILY
+
     def __init__(self, runtime, o_partial, lse_partial, out, lse=None):
         op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
         ls = None if lse is None else as_tensor(lse, "lse")
@@ -34,9 +36,7 @@ class CombinePlan:
         wanted = {"dtype": o.dtype, "head_dim": head_dim}
         kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
                                 + [{**wanted, "strides": "general"}])
-        self.variant = kernel.variant
         self.layout = layout_key(op, lp, o, ls)
-        self._align_out = 4 * o.itemsize if self.variant["strides"] == "packed" else o.itemsize
         rows = batch * seqlen_q * heads
         slices = int(kernel.artifact.launch.extra["slices_per_cta"])  # the cubin's own mapping
         self.split_groups = choose_split_groups(slices, rows, driver.multiprocessor_count(device))
@@ -55,9 +55,10 @@ class CombinePlan:
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
         }
         self.has_lse = ls is not None
-        self.launcher = PreparedLaunch(kernel, grid, device, values)
-        slots = self.launcher.params.slots
-        self._slots = (slots["o_partial"], slots["lse_partial"], slots["o"], slots["lse"])
+        self.bind(kernel, grid, device, values)
+        self._slots = self.slots("o_partial", "lse_partial", "o", "lse")
+        self._masks = self.masks("o_partial", "lse_partial", "o", "lse")
+        self._spans = V.Spans({}, {"o_partial": op, "lse_partial": lp, "out": o, "lse": ls})
 
     @staticmethod
     def _check(runtime, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, device: int) -> None:
@@ -77,10 +78,7 @@ class CombinePlan:
             V.dim(o, "out", axis, axis_name, n, "from o_partial")
         tensors = {"o_partial": op, "lse_partial": lp, "out": o}
         if ls is not None:
-            V.dtype(ls, "lse", ("fp32",))
-            V.ndim(ls, "lse", 3, "B, H, S_q")
-            for axis, (axis_name, n) in enumerate(zip(("B", "H", "S_q"), (batch, heads, seqlen_q))):
-                V.dim(ls, "lse", axis, axis_name, n, "from o_partial")
+            V.lse_output(ls, (("B", batch), ("H", heads), ("S_q", seqlen_q)), "from o_partial")
             tensors["lse"] = ls
         V.cuda_device(tensors, device)
         V.int32_extent(splits, "o_partial.shape[0] (splits)")
@@ -90,22 +88,17 @@ class CombinePlan:
         V.stride_multiple(op, "o_partial", range(4), 4)
         V.aligned(lp, "lse_partial", 4)
         V.aligned(o, "out", o.itemsize)
-        if ls is not None:
-            V.aligned(ls, "lse", 4)
         V.distinct_elements(o, "out")
-        if ls is not None:
-            V.distinct_elements(ls, "lse")
         V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
 
     def run(self, o_partial: int, lse_partial: int, out: int, lse: int = 0, stream: int = 0) -> None:
         """Launch with new raw device pointers for the prepared layouts (only alignment is rechecked)."""
         if self.launcher.empty:
             return  # nothing to compute; empty tensors may carry null pointers
-        if o_partial & 15 or lse_partial & 3 or out % self._align_out or lse & 3:
-            raise ArgumentError("pointers", (hex(o_partial), hex(lse_partial), hex(out), hex(lse)),
-                                f"o_partial 16-, lse_partial 4-, out {self._align_out}-, lse 4-byte aligned")
-        if self.has_lse == (lse == 0):
-            raise ArgumentError("lse", hex(lse), "a pointer" if self.has_lse else "0 (the plan writes no LSE)")
+        m = self._masks
+        if o_partial & m[0] or lse_partial & m[1] or out & m[2] or lse & m[3]:
+            raise self.misaligned(("o_partial", "lse_partial", "o", "lse"), (o_partial, lse_partial, out, lse))
+        self.check_lse(lse)
         s = self._slots
         s[0].value = o_partial
         s[1].value = lse_partial
@@ -124,8 +117,9 @@ class CombinePlan:
 
     def launch_records(self, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, stream: int) -> None:
         """Launch on records whose layout_key equals the plan's: rechecks what depends on the pointers."""
-        V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
-        self.run(op.ptr, lp.ptr, o.ptr, 0 if ls is None else ls.ptr, stream)
+        lse = 0 if ls is None else ls.ptr
+        self._spans.check_pointers({"out": o.ptr, "lse": lse}, {"o_partial": op.ptr, "lse_partial": lp.ptr})
+        self.run(op.ptr, lp.ptr, o.ptr, lse, stream)
 
 
 def layout_key(op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None) -> tuple:
@@ -140,8 +134,5 @@ def combine(runtime, o_partial, lse_partial, out, lse=None, *, stream=None) -> N
     op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
     ls = None if lse is None else as_tensor(lse, "lse")
     key = (FAMILY, runtime.device(), layout_key(op, lp, o, ls))
-    plan = runtime.plans.get(key)
-    if plan is None:
-        plan = CombinePlan(runtime, op, lp, o, ls)
-        runtime.remember_plan(key, plan)
+    plan = cached_plan(runtime, key, lambda: CombinePlan(runtime, op, lp, o, ls))
     plan.launch_records(op, lp, o, ls, as_stream(stream))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import weakref
 
 from ..common.errors import DriverError
 
@@ -198,6 +199,25 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
         init()
         check(cu.cuMemsetD32Async(cu.CUdeviceptr(ptr), value, count, cu.CUstream(0)), "cuMemsetD32Async")
         check(cu.cuStreamSynchronize(cu.CUstream(0)), "cuStreamSynchronize")
+
+
+class DeviceBuffer:
+    """Device memory owned by the runtime (a plan's own workspace), zeroed when allocated, freed with the
+    object. Allocated while a plan is prepared, never while a step runs."""
+
+    def __init__(self, nbytes: int):
+        init()
+        self.nbytes = nbytes
+        self.ptr = int(check(cu.cuMemAlloc(max(nbytes, 16)), f"cuMemAlloc({nbytes})"))
+        check(cu.cuMemsetD8(cu.CUdeviceptr(self.ptr), 0, max(nbytes, 16)), "cuMemsetD8")
+        self._free = weakref.finalize(self, _free, self.ptr)
+
+
+def _free(ptr: int) -> None:
+    try:
+        cu.cuMemFree(cu.CUdeviceptr(ptr))
+    except Exception:  # at interpreter exit the driver may be gone: the process frees it anyway
+        pass
 
 
 # ---- the launch hot path -------------------------------------------------------

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import dataclass
+
 from ..common.errors import ArgumentError
+from ..families.schedulers import persistent_grid
 from . import validate as V
 from .driver import multiprocessor_count
-from .launch import PreparedLaunch
+from .plan import Plan, cached_plan
 from .tensors import TensorArg, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
@@ -25,14 +28,84 @@ HOPPER = "sdpa_prefill_sm90"
 DTYPES = ("fp16", "bf16")
 MAX_GRID_YZ = 65535
 # From this many keys (max_seqlen_kv) on, the Hopper family runs the widest kv tile (block_n) the bundle
-# has for the head dim, below it the narrowest. On the H200 (session 9,
-# benchmarks/results/prefill_experiment_d128_block_n_176.json), D128 at block_n 176 against 128: 1.02-1.03x
+# has for the head dim, below it the narrowest: D128 at block_n 176 against 128 measured 1.02-1.03x
 # (geomean of three same-process runs) at S_kv 8192-16384, even at 4096, 0.74-0.94x at 512 (a short kv
-# loop pays the wide tile's partial last block and its Q-staged epilogue).
+# loop pays the wide tile's partial last block and its Q-staged epilogue;
+# benchmarks/results/prefill_experiment_d128_block_n_176.json).
 LONG_KV = 8192
 
 
-class PrefillPlan:
+@dataclass(frozen=True)
+class PrefillShape:
+    """What check_prefill() found (ragged: seqlen_q/seqlen_kv are max_seqlen_q/max_seqlen_kv)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_kv: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+
+
+def _axes(ragged: bool):
+    """(batch, sequence, head) stride of a [B, S, H, D] (dense) or [T, H, D] (ragged: no batch) tensor."""
+    if ragged:
+        return lambda x: (0, x.strides[0], x.strides[1])
+    return lambda x: (x.strides[0], x.strides[1], x.strides[2])
+
+
+class _PointerInputs:
+    """The portable family's launch: Q, K, V as pointers with Int64 strides; grid (m_blocks, H_q, B)."""
+
+    def __init__(self, t: dict, ragged: bool):
+        strides = _axes(ragged)
+        self.values = {n: t[n].ptr for n in ("q", "k", "v")}
+        for n in ("q", "k", "v"):
+            self.values[f"{n}_stride_b"], self.values[f"{n}_stride_s"], self.values[f"{n}_stride_h"] = strides(t[n])
+
+    @staticmethod
+    def grid(m_blocks: int, d: PrefillShape, device: int) -> tuple[int, int, int]:
+        return (m_blocks, d.heads_q, d.batch)
+
+    def bind(self, plan: "PrefillPlan") -> None:
+        self._slots = plan.slots("q", "k", "v")
+
+    def set(self, q: int, k: int, v: int) -> None:
+        s = self._slots
+        s[0].value, s[1].value, s[2].value = q, k, v
+
+
+class _TmaInputs:
+    """The Hopper family's launch: Q, K, V as TMA descriptors (re-encoded only for a changed pointer); a
+    persistent grid of at most one CTA per SM (aotc.families.schedulers.persistent_grid)."""
+
+    def __init__(self, t: dict, recipes: dict):
+        self.descriptors = tuple(DescriptorSlot(recipes[n], t[n].ptr) for n in ("q", "k", "v"))
+        self.values = {"tma_" + n: d.data for n, d in zip(("q", "k", "v"), self.descriptors)}
+
+    @staticmethod
+    def grid(m_blocks: int, d: PrefillShape, device: int) -> tuple[int, int, int]:
+        try:
+            return persistent_grid(m_blocks, d.heads_q, d.batch, multiprocessor_count(device))
+        except ValueError as e:
+            raise ArgumentError("ceil(S_q / block_m) * H_q * B", m_blocks * d.heads_q * d.batch, f"below 2^31 ({e})")
+
+    def bind(self, plan: "PrefillPlan") -> None:
+        self._slots = plan.slots("tma_q", "tma_k", "tma_v")
+
+    def set(self, q: int, k: int, v: int) -> None:
+        for slot, desc, ptr in zip(self._slots, self.descriptors, (q, k, v)):
+            data = desc.update(ptr)
+            if data is not None:
+                slot.raw = data
+
+
+class PrefillPlan(Plan):
+    """Both prefill families behind one API: the Hopper family where the device, the loaded kernels and
+    the tensors allow it (family="auto"), the portable one otherwise; naming a family forces it."""
+
+    family = FAMILY
+
     def __init__(self, runtime, q, k, v, out, lse=None, *, causal: bool = False, softmax_scale: float | None = None,
                  cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
                  max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto"):
@@ -46,107 +119,97 @@ class PrefillPlan:
         if family not in ("auto", FAMILY, HOPPER):
             raise ArgumentError("family", family, f"'auto', {FAMILY!r} or {HOPPER!r}")
         device = runtime.device()
-        dims = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
-        batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim = dims
+        d = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
         if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(head_dim)
+            softmax_scale = 1.0 / math.sqrt(d.head_dim)
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        wanted = {"dtype": dtype, "head_dim": head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
         self.ragged = ragged
         self.has_lse = ls is not None
-        q_, k_, v_, o_ = t["q"], t["k"], t["v"], t["out"]
-        if ragged:  # [total, H, D]: no batch stride; LSE [H_q, total_q]
-            sb = lambda x: 0  # noqa: E731
-            ss = lambda x: x.strides[0]  # noqa: E731
-            sh = lambda x: x.strides[1]  # noqa: E731
-            lse_strides = (0, ls.strides[0], ls.strides[1]) if ls is not None else (0, 0, 0)
-        else:
-            sb = lambda x: x.strides[0]  # noqa: E731
-            ss = lambda x: x.strides[1]  # noqa: E731
-            sh = lambda x: x.strides[2]  # noqa: E731
-            lse_strides = ls.strides if ls is not None else (0, 0, 0)
+        o_ = t["out"]
+        strides = _axes(ragged)
+        lse_strides = (0, 0, 0) if ls is None else ((0, *ls.strides) if ragged else ls.strides)  # ragged: [H_q, T]
         values = {
             "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
             "cu_seqlens_q": 0 if cuq is None else cuq.ptr, "cu_seqlens_kv": 0 if cuk is None else cuk.ptr,
-            "batch": batch, "seqlen_q": seqlen_q, "seqlen_kv": seqlen_kv, "heads_q": heads_q, "heads_kv": heads_kv,
-            "write_lse": int(ls is not None), "softmax_scale": float(softmax_scale),
+            "batch": d.batch, "seqlen_q": d.seqlen_q, "seqlen_kv": d.seqlen_kv, "heads_q": d.heads_q,
+            "heads_kv": d.heads_kv, "write_lse": int(ls is not None), "softmax_scale": float(softmax_scale),
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
-            "o_stride_b": sb(o_), "o_stride_s": ss(o_), "o_stride_h": sh(o_),
         }
+        values["o_stride_b"], values["o_stride_s"], values["o_stride_h"] = strides(o_)
+        kernel, self.inputs = self._choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize)
+        values.update(self.inputs.values)
+        bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
+        grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
+        self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)
+        self.bind(kernel, grid, device, values)
+        self.inputs.bind(self)
+        self._slots = self.slots("o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
+        qkv = ("tma_q", "tma_k", "tma_v") if isinstance(self.inputs, _TmaInputs) else ("q", "k", "v")
+        self._mq, self._mk, self._mv, self._mo, self._ml, self._mcq, self._mck = self.masks(
+            *qkv, "o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
+        self._spans = V.Spans({}, {"q": t["q"], "k": t["k"], "v": t["v"], "out": o_, "lse": ls, "cu_seqlens_q": cuq,
+                                   "cu_seqlens_kv": cuk})
 
-        kernel = None
-        self.descriptors = None
+    @staticmethod
+    def _choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize):
+        """(kernel, launch strategy): the Hopper family's TMA launch when it fits, else the portable one."""
         if family != FAMILY:
-            kernel = runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, seqlen_kv))
+            kernel = runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, d.seqlen_kv))
             refusal = None if kernel is not None else f"no loaded {HOPPER} kernel fits {wanted} on this device"
             if kernel is not None:
                 recipes, refusal = hopper_recipes(kernel, t, ragged, dtype)
-            if refusal is not None:
-                if family == HOPPER:
-                    raise ArgumentError("family", family, f"a usable {HOPPER} kernel: {refusal}")
-                kernel = None
-            else:
-                self.descriptors = tuple(DescriptorSlot(recipes[n], t[n].ptr) for n in ("q", "k", "v"))
-                values.update({"tma_" + n: d.data for n, d in zip(("q", "k", "v"), self.descriptors)})
-        if kernel is None:
-            packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
-                      and (ls is None or V.is_packed(ls)))
-            kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
-                                    + [{**wanted, "strides": "general"}])
-            values.update({"q": q_.ptr, "k": k_.ptr, "v": v_.ptr})
-            for name, x in (("q", q_), ("k", k_), ("v", v_)):
-                values[f"{name}_stride_b"], values[f"{name}_stride_s"], values[f"{name}_stride_h"] = sb(x), ss(x), sh(x)
-        self.variant = kernel.variant
-        bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
-        m_blocks = (seqlen_q + bm - 1) // bm
-        if self.descriptors is not None:
-            # persistent: one CTA per SM at most, each walks its share of the tiles (the next tile's
-            # loads overlap this one's epilogue)
-            tiles = m_blocks * heads_q * batch
-            if tiles >= 2**31:
-                raise ArgumentError(f"ceil(S_q / {bm}) * H_q * B", tiles, "below 2^31 (the kernel's tile count is 32-bit)")
-            grid = (min(tiles, multiprocessor_count(device)), 1, 1)
-        else:
-            grid = (m_blocks, heads_q, batch)
-        self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)
-        self.launcher = PreparedLaunch(kernel, grid, device, values)
-        slots = self.launcher.params.slots
-        self._slots = tuple(slots[n] for n in ("o", "lse", "cu_seqlens_q", "cu_seqlens_kv"))
-        if self.descriptors is None:
-            self._in_slots = tuple(slots[n] for n in ("q", "k", "v"))
-        else:
-            self._in_slots = tuple(slots["tma_" + n] for n in ("q", "k", "v"))
+            if refusal is None:
+                return kernel, _TmaInputs(t, recipes)
+            if family == HOPPER:
+                raise ArgumentError("family", family, f"a usable {HOPPER} kernel: {refusal}")
+        packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
+                  and (ls is None or V.is_packed(ls)))
+        kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
+                                + [{**wanted, "strides": "general"}])
+        return kernel, _PointerInputs(t, ragged)
 
     def run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, cu_seqlens_kv: int = 0,
             stream: int = 0) -> None:
         """Launch with new raw pointers for the prepared layouts (only alignment is rechecked)."""
         if self.launcher.empty:
             return
-        if (q | k | v | out) & 15 or lse & 3 or (cu_seqlens_q | cu_seqlens_kv) & 3:
-            raise ArgumentError("pointers", tuple(hex(p) for p in (q, k, v, out, lse)),
-                                "q, k, v, out 16-byte aligned; lse and cu_seqlens 4-byte aligned")
-        if self.has_lse == (lse == 0):
-            raise ArgumentError("lse", hex(lse), "a pointer" if self.has_lse else "0 (the plan writes no LSE)")
+        if (q & self._mq or k & self._mk or v & self._mv or out & self._mo or lse & self._ml
+                or cu_seqlens_q & self._mcq or cu_seqlens_kv & self._mck):
+            raise self.misaligned(("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_kv"),
+                                  (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv))
+        self.check_lse(lse)
         if self.ragged and not (cu_seqlens_q and cu_seqlens_kv):
             raise ArgumentError("cu_seqlens", (hex(cu_seqlens_q), hex(cu_seqlens_kv)), "device pointers (ragged plan)")
-        i = self._in_slots
-        if self.descriptors is None:
-            i[0].value, i[1].value, i[2].value = q, k, v
-        else:  # TMA descriptors: re-encoded only for a changed pointer
-            for slot, desc, ptr in zip(i, self.descriptors, (q, k, v)):
-                data = desc.update(ptr)
-                if data is not None:
-                    slot.raw = data
+        self.inputs.set(q, k, v)
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value = out, lse, cu_seqlens_q, cu_seqlens_kv
         self.launcher.launch(stream)
 
+    def checked_run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0,
+                    cu_seqlens_kv: int = 0, stream: int = 0) -> None:
+        """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
+        overlap no input."""
+        self._spans.check_pointers({"out": out, "lse": lse}, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
+                                                              "cu_seqlens_kv": cu_seqlens_kv})
+        self.run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, stream)
+
+    def __call__(self, q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_kv=None, stream=None) -> None:
+        """Launch on tensors with the prepared shapes, strides and dtypes."""
+        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
+        ls = None if lse is None else as_tensor(lse, "lse")
+        cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
+        cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
+        got = layout_key(t, ls, cuq, cuk, *self.layout[-4:])
+        if got != self.layout:
+            raise ArgumentError("tensors", got[:4], f"the layout the plan was prepared for: {self.layout[:4]}")
+        self.launch_records(t, ls, cuq, cuk, as_stream(stream))
+
     def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
-        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
-        self.run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
-                 0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+        self.checked_run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
+                         0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
 
 
 def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> list[dict]:
@@ -209,8 +272,8 @@ def layout_key(t: dict, ls, cuq, cuk, causal, scale, max_q, max_kv) -> tuple:
 
 
 def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg | None, ragged: bool,
-                  cuq: TensorArg | None, cuk: TensorArg | None, max_q, max_kv) -> tuple[int, ...]:
-    """Validate every argument; returns (batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim)."""
+                  cuq: TensorArg | None, cuk: TensorArg | None, max_q, max_kv) -> PrefillShape:
+    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one."""
     q, k, v, o = t["q"], t["k"], t["v"], t["out"]
     V.dtype(q, "q", DTYPES)
     for name in ("k", "v", "out"):
@@ -262,16 +325,8 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
         raise ArgumentError("k.shape[-2]", heads_kv, f"a divisor of H_q = {heads_q} (GQA/MQA)")
     tensors = dict(t)
     if ls is not None:
-        V.dtype(ls, "lse", ("fp32",))
-        if ragged:
-            V.ndim(ls, "lse", 2, "H_q, total_q")
-            V.dim(ls, "lse", 0, "H_q", heads_q, "from q")
-            V.dim(ls, "lse", 1, "total_q", q.shape[0], "from q")
-        else:
-            V.ndim(ls, "lse", 3, "B, H_q, S_q")
-            for axis, (n, val) in enumerate(zip(("B", "H_q", "S_q"), (batch, heads_q, seqlen_q))):
-                V.dim(ls, "lse", axis, n, val, "from q")
-        V.aligned(ls, "lse", 4)
+        V.lse_output(ls, (("H_q", heads_q), ("total_q", q.shape[0])) if ragged else
+                     (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)), "from q")
         tensors["lse"] = ls
     if ragged:
         tensors["cu_seqlens_q"], tensors["cu_seqlens_kv"] = cuq, cuk
@@ -287,10 +342,8 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
         raise ArgumentError("H_q" if heads_q > MAX_GRID_YZ else "B", max(heads_q, batch),
                             f"at most {MAX_GRID_YZ} (grid y/z limit)")
     V.distinct_elements(o, "out")
-    if ls is not None:
-        V.distinct_elements(ls, "lse")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
-    return batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim
+    return PrefillShape(batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim)
 
 
 def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
@@ -303,10 +356,7 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
     key = (FAMILY, family, runtime.device(),
            layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv),
            all(x.ptr % 16 == 0 for x in t.values()))
-    plan = runtime.plans.get(key)
-    if plan is None:
-        plan = PrefillPlan(runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale,
-                           cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
-                           family=family)
-        runtime.remember_plan(key, plan)
+    plan = cached_plan(runtime, key, lambda: PrefillPlan(
+        runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
+        cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, family=family))
     plan.launch_records(t, ls, cuq, cuk, as_stream(stream))

@@ -101,3 +101,53 @@ def no_overlap(outputs: dict[str, TensorArg], others: dict[str, TensorArg]) -> N
             if tlo < thi and tlo < hi and lo < thi:  # an empty tensor overlaps nothing
                 raise ArgumentError(oname, f"bytes [{lo:#x}, {hi:#x})",
                                     f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")
+
+
+def lse_output(ls: TensorArg, dims: tuple[tuple[str, int], ...], why: str, name: str = "lse") -> None:
+    """The optional LSE output of every family: fp32, the given (axis name, extent) dims, 4-byte aligned,
+    one address per element."""
+    dtype(ls, name, ("fp32",))
+    ndim(ls, name, len(dims), ", ".join(n for n, _ in dims))
+    for axis, (axis_name, n) in enumerate(dims):
+        dim(ls, name, axis, axis_name, n, why)
+    aligned(ls, name, 4)
+    distinct_elements(ls, name)
+
+
+def span_offsets(t: TensorArg | None) -> tuple[int, int] | None:
+    """[lo, hi) of a tensor's bytes relative to its pointer (fixed by shape, strides and dtype); None when
+    absent or empty."""
+    if t is None:
+        return None
+    lo, hi = t.nbytes_span()
+    return None if lo == hi else (lo - t.ptr, hi - t.ptr)
+
+
+class Spans:
+    """Overlap checks of a plan's per-call outputs: its fixed inputs' byte ranges are known when it is
+    prepared, and every per-call tensor's range is its new pointer plus offsets its fixed layout gives, so
+    a call costs a few integer comparisons (check_pointers)."""
+
+    def __init__(self, fixed: dict[str, TensorArg | None], per_call: dict[str, TensorArg | None]):
+        self.fixed = [(name, *t.nbytes_span()) for name, t in fixed.items()
+                      if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1]]
+        self.offsets = {name: span_offsets(t) for name, t in per_call.items()}
+
+    def check_pointers(self, outputs: dict[str, int], inputs: dict[str, int]) -> None:
+        """No output (name -> pointer) overlaps a fixed input, an input given this call, or another output."""
+        off = self.offsets
+        ins = list(self.fixed)
+        for name, p in inputs.items():
+            o = off[name]
+            if o is not None and p:
+                ins.append((name, p + o[0], p + o[1]))
+        outs = []
+        for name, p in outputs.items():
+            o = off[name]
+            if o is not None and p:
+                outs.append((name, p + o[0], p + o[1]))
+        for i, (oname, lo, hi) in enumerate(outs):
+            for name, tlo, thi in ins + outs[i + 1:]:
+                if tlo < hi and lo < thi:
+                    raise ArgumentError(oname, f"bytes [{lo:#x}, {hi:#x})",
+                                        f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")
