@@ -12,9 +12,10 @@ enable_gqa=True, and so does aotc's dense-KV variant in the "aotc dense" column 
 the paged figure against it is the cost of the page gather. Also the host enqueue of one prepared decode step (one launch, split-KV) against a
 bare cuLaunchKernel of the decode cubin, 10,000 calls each.
 
-A/B of a kernel change: --baseline-bundle OLD.aotc runs OLD's decode kernel with the same split count
-as contender "base" in the same rounds (x_base = base time / aotc time; dense_x_base for the dense-KV
-variants).
+A/B of a kernel change: --baseline-bundle OLD.aotc runs OLD's paged decode kernel as contender "base"
+in the same rounds (x_base = base time / aotc time), through benchmarks/legacy.py when its parameter
+list is an earlier aotc's; "aa" is a second plan of aotc's own kernel on the same tensors (the A/A
+control).
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.timing import graph_time, interleaved  # noqa: E402
 
 
-def paged_problem(rt, page, B, S, H_q, H_kv, D, max_splits):
+def paged_problem(rt, page, B, S, H_q, H_kv, D, max_chunks):
     """A bf16 decode problem over an NHD page pool with shuffled page ids, every sequence S long:
-    (k, v, page_table, seqlens, q, out, workspace for up to max_splits splits)."""
+    (k, v, page_table, seqlens, q, out, workspace for up to max_chunks chunks)."""
     import torch
 
     n_pages = B * S // page
@@ -43,7 +44,7 @@ def paged_problem(rt, page, B, S, H_q, H_kv, D, max_splits):
     sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
     q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
-    ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, max_splits), dtype=torch.uint8, device="cuda")
+    ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, max_chunks), dtype=torch.uint8, device="cuda")
     return k, v, pt, sl, q, out, ws
 
 
@@ -83,8 +84,12 @@ def main() -> None:
     import aotc.runtime
     from benchmarks.bench_runtime import git_commit, load_baselines, time_calls
 
+    from benchmarks.legacy import LegacyDecode, legacy_decode_kernels
+
     rt = aotc.runtime.load(args.bundle)
-    rt_bases = load_baselines(args.baseline_bundle)
+    legacy = {f"base{'' if i == 0 else i + 1}": legacy_decode_kernels(p) for i, p in enumerate(args.baseline_bundle)}
+    rt_bases = {n: rt_b for n, rt_b in load_baselines(args.baseline_bundle).items() if not legacy[n]}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     D, H_q, H_kv = 128, 32, 8
     rows = []
@@ -93,7 +98,7 @@ def main() -> None:
         for B, S in ((1, 32768), (8, 8192), (64, 8192), (128, 8192), (8, 32768)):
             kv_bytes = 2 * B * S * H_kv * D * 2
             row = {"page": page, "B": B, "S_kv": S, "H_q": H_q, "H_kv": H_kv, "D": D, "kv_bytes": kv_bytes}
-            k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 64)
+            k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 2 * sms)
             qt = q.transpose(1, 2)
             try:
                 plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
@@ -116,11 +121,21 @@ def main() -> None:
                 # (bound through defaults: the loop's names are deleted before the next shape)
                 contenders["aotc"] = lambda p=plan, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                     qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
-                row.update(splits=plan.num_splits, variant=plan.variant.name, workspace_bytes=plan.workspace_bytes)
+                aa_out = torch.empty_like(out)
+                aa = rt.prepare_decode(q, k, v, aa_out, sl, pt, chunks=plan.chunks)
+                contenders["aa"] = lambda p=aa, qp=q.data_ptr(), op=aa_out.data_ptr(): p.run(
+                    qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+                row.update(chunks=plan.chunks, variant=plan.variant.name, workspace_bytes=plan.workspace_bytes)
+                for bname, kernels in legacy.items():
+                    kern = kernels.get(("bf16", D, f"paged{page}"))
+                    if kern is None:
+                        continue
+                    base = LegacyDecode(kern, q, k, v, torch.empty_like(out), sl, pt, S, sms)
+                    row[f"{bname}_splits"] = base.splits
+                    contenders[bname] = lambda p=base: p(torch.cuda.current_stream().cuda_stream)
                 for bname, rt_b in rt_bases.items():
-                    try:  # the same split count, so only the kernel differs
-                        base = rt_b.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws,
-                                                   num_splits=plan.num_splits)
+                    try:  # a bundle of this aotc's decode ABI: the same chunk count, so only the kernel differs
+                        base = rt_b.prepare_decode(q, k, v, out, sl, pt, workspace=ws, chunks=plan.chunks)
                         contenders[bname] = lambda p=base, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                             qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
                     except Exception as e:
@@ -142,7 +157,7 @@ def main() -> None:
                         break
                     try:
                         base = rt_b.prepare_decode(q, kd.transpose(1, 2), vd.transpose(1, 2), out, sl, None,
-                                                   max_seqlen_kv=S, workspace=ws, num_splits=dense.num_splits)
+                                                   max_seqlen_kv=S, workspace=ws, chunks=dense.chunks)
                         contenders[f"{bname}_dense"] = lambda p=base, qp=q.data_ptr(), op=out.data_ptr(): p.run(
                             qp, op, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
                     except Exception as e:
@@ -162,7 +177,7 @@ def main() -> None:
             for n, ts in samples.items():
                 us = statistics.median(ts)
                 row[f"{n}_us"], row[f"{n}_TBps"] = us, kv_bytes / us / 1e6
-            for n in ("cudnn", "flash", *rt_bases):
+            for n in ("cudnn", "flash", "aa", *legacy, *rt_bases):
                 if f"{n}_us" in row and "aotc_us" in row:
                     row[f"x_{n}"] = row[f"{n}_us"] / row["aotc_us"]
                 if f"{n}_dense_us" in row and "aotc_dense_us" in row:
@@ -193,13 +208,14 @@ def main() -> None:
               "host_enqueue": host}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode.json").write_text(json.dumps(result, indent=1))
-    print(f"{'page':>4} {'B':>4} {'S_kv':>6} {'splits':>6} {'aotc TB/s':>9} {'cuDNN':>7} {'flash':>7} {'x cuDNN':>8}"
-          + "".join(f" {b + ' TB/s':>10} {'x ' + b:>8}" for b in rt_bases))
+    bases = ["aa", *legacy, *rt_bases]
+    print(f"{'page':>4} {'B':>4} {'S_kv':>6} {'chunks':>6} {'aotc TB/s':>9} {'cuDNN':>7} {'flash':>7} {'x cuDNN':>8}"
+          + "".join(f" {b + ' TB/s':>10} {'x ' + b:>8}" for b in bases))
     for r in rows:
-        print(f"{r['page']:>4} {r['B']:>4} {r['S_kv']:>6} {r.get('splits', 0):>6} {r.get('aotc_TBps', float('nan')):>9.2f} "
+        print(f"{r['page']:>4} {r['B']:>4} {r['S_kv']:>6} {r.get('chunks', 0):>6} {r.get('aotc_TBps', float('nan')):>9.2f} "
               f"{r.get('cudnn_TBps', float('nan')):>7.2f} {r.get('flash_TBps', float('nan')):>7.2f} "
               f"{r.get('x_cudnn', float('nan')):>8.2f}"
-              + "".join(f" {r.get(b + '_TBps', float('nan')):>10.2f} {r.get('x_' + b, float('nan')):>8.2f}" for b in rt_bases))
+              + "".join(f" {r.get(b + '_TBps', float('nan')):>10.2f} {r.get('x_' + b, float('nan')):>8.2f}" for b in bases))
     for n, v_ in host.items():
         print(n, {k_: round(x, 2) for k_, x in v_.items() if isinstance(x, float)})
 

@@ -50,10 +50,12 @@ def git_commit() -> str:
 
 
 def load_baselines(paths: list[str]) -> dict:
-    """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given."""
-    import aotc.runtime
+    """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given. A
+    bundle of an earlier aotc whose parameter lists differ only by the pointee alignments this one records
+    is loaded with its ABIs upgraded (benchmarks/legacy.py), so its cubins run beside the current ones."""
+    from benchmarks.legacy import load_prefill_runtime
 
-    return {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(paths)}
+    return {("base" if i == 0 else f"base{i + 1}"): load_prefill_runtime(p) for i, p in enumerate(paths)}
 
 
 def driver_free() -> int:

@@ -87,7 +87,7 @@ def decode_cases():
         variants = [v for v in variants if v[1] == 128 and v[2] == "paged16"][:1]
     for dtype, D, kv in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        lengths = [1, 15, 16, 17, 0, 130]  # length 1, page boundaries, empty, a tail
+        lengths = [1, 15, 16, 17, 0, 130, 4096]  # length 1, page boundaries, empty, a tail, one split in chunks
         B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
         max_len = max(lengths)
         q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
@@ -102,11 +102,11 @@ def decode_cases():
             n = -(-max_len // page)
             k = torch.randn(B * n, page, H_kv, D, device="cuda", dtype=t)
             pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
-        for splits in (1, 5):  # 5 splits over short sequences: empty splits (merged by the last split)
-            ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, splits)), dtype=torch.uint8,
+        for chunks in (1, 5, None):  # none split, a few, one wave (short sequences: most chunks past the last)
+            ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, chunks or 264)), dtype=torch.uint8,
                              device="cuda")
-            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, num_splits=splits, workspace=ws)
-            launches += 1  # split-KV: the merge runs in the same launch
+            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, chunks=chunks, workspace=ws)
+            launches += 1  # split sequences merge in the same launch
 
 
 if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged

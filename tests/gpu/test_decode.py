@@ -1,4 +1,4 @@
-"""sdpa_decode (split-KV merged in the same launch) on the GPU against an fp32 torch reference.
+"""sdpa_decode (its chunks merged in the same launch) on the GPU against an fp32 torch reference.
 
 The reference gathers each sequence's keys and values through the page table into dense
 [S_kv, H_kv, D] tensors and runs softmax(QK^T*scale + causal mask) V in fp32, the causal mask
@@ -80,14 +80,13 @@ class PagedCache:
         return k.reshape(-1, H, D)[:L], v.reshape(-1, H, D)[:L]
 
 
-def run_and_check(rt, cache, q, out, lse, splits, what, workspace=None):
+def run_and_check(rt, cache, q, out, lse, chunks, what, workspace=None):
+    """chunks: the plan's target chunk count (None: the default, one wave); workspace None: the plan's own."""
     B, S_q, H_q, D = q.shape
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
     max_len = max(cache.lengths)
-    nbytes = rt.decode_workspace_bytes(B, S_q, H_q, D, splits or 64)
-    ws = workspace if workspace is not None else torch.empty(max(nbytes, 16), dtype=torch.uint8, device="cuda")
     plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=max_len,
-                             kv_layout=cache.layout, num_splits=splits, workspace=ws)
+                             kv_layout=cache.layout, chunks=chunks, workspace=workspace)
     out.fill_(math.nan)
     if lse is not None:
         lse.fill_(math.nan)
@@ -97,9 +96,9 @@ def run_and_check(rt, cache, q, out, lse, splits, what, workspace=None):
     for b in range(B):
         k, v = cache.dense(b)
         ro, rl = reference(q[b], k, v, scale)
-        check_close(out[b], ro, TOL[dtype], f"O {what} b={b} L={cache.lengths[b]} splits={plan.num_splits}")
+        check_close(out[b], ro, TOL[dtype], f"O {what} b={b} L={cache.lengths[b]} chunks={plan.chunks}")
         if lse is not None:
-            check_close(lse[b], rl, LSE_TOL, f"LSE {what} b={b} splits={plan.num_splits}")
+            check_close(lse[b], rl, LSE_TOL, f"LSE {what} b={b} chunks={plan.chunks}")
     return plan
 
 
@@ -119,8 +118,8 @@ def test_decode_paged_all_variants(rt, layout, S_q):
         q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
         out = torch.empty_like(q)
         lse = torch.empty(B, H_q, S_q, device="cuda")
-        for splits in (1, 2, 7, None):
-            run_and_check(rt, cache, q, out, lse, splits, f"{dtype} D{D} {kv} {layout} S_q={S_q}")
+        for chunks in (1, 2, 7, None):
+            run_and_check(rt, cache, q, out, lse, chunks, f"{dtype} D{D} {kv} {layout} S_q={S_q}")
 
 
 def test_decode_dense_kv_and_padded_outputs(rt):
@@ -146,8 +145,8 @@ def test_decode_dense_kv_and_padded_outputs(rt):
         out_buf = torch.empty(B, S_q, H_q + 2, D + 8, dtype=DT[dtype], device="cuda")
         out = out_buf[:, :, :H_q, :D]
         lse = torch.empty(B, H_q, S_q + 3, device="cuda")[:, :, :S_q]
-        for splits in (1, 3):
-            run_and_check(rt, cache, q, out, lse, splits, f"dense {dtype} D{D}")
+        for chunks in (1, 3, None):
+            run_and_check(rt, cache, q, out, lse, chunks, f"dense {dtype} D{D}")
 
 
 def test_decode_page_table_batch_stride_beyond_int32(rt):
@@ -177,7 +176,7 @@ def test_decode_cuda_graph_replay_with_changed_inputs(rt):
     nbytes = rt.decode_workspace_bytes(B, S_q, H_q, D, 4)
     ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse,
-                             max_seqlen_kv=max(final), num_splits=4, workspace=ws)
+                             max_seqlen_kv=max(final), chunks=4, workspace=ws)
     plan(q, out, lse, stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -216,7 +215,7 @@ def test_decode_back_to_back_steps(rt):
     lses = [torch.full((B, H_q, S_q), math.nan, device="cuda") for _ in range(steps)]
     ws = torch.full((rt.decode_workspace_bytes(B, S_q, H_q, D, 7),), 0x7F, dtype=torch.uint8, device="cuda")
     plan = rt.prepare_decode(qs[0], cache.k, cache.v, outs[0], cache.seqlens, cache.page_table, lses[0],
-                             max_seqlen_kv=5000, num_splits=7, workspace=ws)
+                             max_seqlen_kv=5000, chunks=7, workspace=ws)
     n_counters = B * 4  # B x H_kv x one row tile (4 query heads per KV head)
     assert not counters_tail(ws, n_counters).any(), "prepare_decode zeroes the split counters"
     for q, out, lse in zip(qs, outs, lses):
@@ -232,23 +231,24 @@ def test_decode_back_to_back_steps(rt):
 
 
 def test_decode_plans_sharing_one_workspace(rt):
-    """Two plans of different shapes and split counts alternate on one stream over one workspace sized
-    for the larger of each (rows and splits): one plan's partials never reach the other's counters."""
+    """Two plans of different shapes and chunk counts alternate on one stream over one workspace sized
+    for the larger of each (rows and chunks): one plan's partials never reach the other's counters."""
     variants = [v for v in decode_variants(rt) if v[2] != "dense"]
     dtype, D, kv = variants[-1]
     page = int(kv[len("paged"):])
     gen = torch.Generator(device="cuda").manual_seed(33)
-    big = PagedCache([3000, 0, 17, 999, 2048], page, 2, D, dtype, "HND", gen)  # 5 x 16 rows, 5 splits
-    small = PagedCache([20000], page, 8, D, dtype, "HND", gen)                # 1 x 32 rows, 24 splits
+    big = PagedCache([3000, 0, 17, 999, 2048], page, 2, D, dtype, "HND", gen)  # 5 x 16 rows, 5 chunks
+    small = PagedCache([20000], page, 8, D, dtype, "HND", gen)                # 1 x 32 rows, 24 chunks
     qb = torch.randn(5, 1, 16, D, dtype=DT[dtype], device="cuda", generator=gen)
     qs = torch.randn(1, 1, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
     ws = torch.full((rt.decode_workspace_bytes(5, 1, 32, D, 24),), 0x55, dtype=torch.uint8, device="cuda")
+    assert ws.numel() >= rt.decode_workspace_bytes(1, 1, 32, D, 24) and ws.numel() >= rt.decode_workspace_bytes(5, 1, 16, D, 5)
     ob, os_ = torch.empty_like(qb), torch.empty_like(qs)
     lb, ls = torch.empty(5, 16, 1, device="cuda"), torch.empty(1, 32, 1, device="cuda")
     pb = rt.prepare_decode(qb, big.k, big.v, ob, big.seqlens, big.page_table, lb, max_seqlen_kv=3000,
-                           kv_layout="HND", num_splits=5, workspace=ws)
+                           kv_layout="HND", chunks=5, workspace=ws)
     ps = rt.prepare_decode(qs, small.k, small.v, os_, small.seqlens, small.page_table, ls, max_seqlen_kv=20000,
-                           kv_layout="HND", num_splits=24, workspace=ws)
+                           kv_layout="HND", chunks=24, workspace=ws)
     results = []
     for step in range(3):
         for plan, q, cache in ((pb, qb, big), (ps, qs, small)):
@@ -284,7 +284,12 @@ def test_decode_bad_arguments(rt):
         (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, max_seqlen_kv=10**6,
                            workspace=ws), "page_table.shape[1]"),
         (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, max_seqlen_kv=60,
-                           num_splits=8, workspace=ws[:16]), "workspace"),
+                           chunks=8, workspace=ws[:16]), "workspace"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, chunks=0), "chunks"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse=torch.empty(
+            2, 4, 1, device="cuda").as_strided((2, 4, 1), (0, 0, 1))), "lse"),
+        (lambda: rt.decode(q, cache.k, cache.v, torch.empty(2, 1, 4, D, dtype=q.dtype, device="cuda").as_strided(
+            (2, 1, 4, D), (0, 4 * D, D, 1)), cache.seqlens, cache.page_table), "out"),
         (lambda: rt.decode(q, cache.k, cache.v, q, cache.seqlens, cache.page_table, **common), "out"),  # out is q
     ]
     for call, name in cases:
@@ -293,3 +298,74 @@ def test_decode_bad_arguments(rt):
         assert name in str(ei.value), (name, str(ei.value))
     torch.cuda.synchronize()
     assert torch.isnan(out).all(), "a refused call launched"
+
+
+SKEWED = [0, 1, 15, 16, 17, 32768, 40000] + [3, 64, 100, 255, 511, 1000, 2047, 4096] * 2
+
+
+@pytest.mark.parametrize("S_q", [1, 4])
+def test_decode_skewed_batches(rt, S_q):
+    """Lengths 0, 1, 15, 16, 17 beside 32768 and 40000 and a tail of short ones in one batch, every head dim
+    and page size, both pool layouts: the chunk partition (long sequences in many chunks, short ones in one)
+    computes every sequence's attention; outputs NaN-poisoned, LSE checked."""
+    variants = [v for v in decode_variants(rt) if v[2] != "dense" and v[0] == "bf16"]
+    gen = torch.Generator(device="cuda").manual_seed(40 + S_q)
+    for i, (dtype, D, kv) in enumerate(variants):
+        layout = ("NHD", "HND")[i % 2]
+        cache = PagedCache(SKEWED, int(kv[len("paged"):]), 4, D, dtype, layout, gen)
+        B, H_q = len(SKEWED), 16
+        q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out, lse = torch.empty_like(q), torch.empty(B, H_q, S_q, device="cuda")
+        plan = run_and_check(rt, cache, q, out, lse, None, f"skewed {dtype} D{D} {kv} {layout} S_q={S_q}")
+        assert plan.chunks > 1 and plan.workspace_bytes > 0  # the default splits the long sequences
+        del cache
+    torch.cuda.empty_cache()
+
+
+def test_decode_graph_replay_with_the_distribution_moving(rt):
+    """One CUDA graph captured with the long sequence in slot 0, replayed with it in slot 5, then with every
+    length growing by one per step: the partition follows the device-side lengths at every replay (no
+    schedule frozen at capture). The plan's own workspace."""
+    variants = [v for v in decode_variants(rt) if v[2] == "paged16" and v[0] == "bf16"]
+    dtype, D, kv = variants[0]
+    gen = torch.Generator(device="cuda").manual_seed(77)
+    B, H_q, H_kv, S_q = 8, 32, 8, 1
+    cache = PagedCache([33000] * B, 16, H_kv, D, dtype, "NHD", gen)  # every slot can hold the long sequence
+    first = [32768] + [512] * 7
+    cache.lengths = list(first)
+    cache.seqlens.copy_(torch.tensor(first, dtype=torch.int32))
+    q = torch.randn(B, S_q, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.empty_like(q), torch.empty(B, H_q, S_q, device="cuda")
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse)
+    plan(q, out, lse, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    moved = [512] * 5 + [32768] + [512] * 2
+    steps = [first, moved] + [[n + k for n in moved] for k in (1, 2, 3)] + [[0, 1, 15, 16, 17, 32999, 3, 4]]
+    for step, lengths in enumerate(steps):
+        q.copy_(torch.randn(q.shape, dtype=q.dtype, device="cuda", generator=gen))
+        cache.lengths = list(lengths)
+        cache.seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        out.fill_(math.nan), lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b in range(B):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(out[b], ro, TOL[dtype], f"replay {step} lengths {lengths} b={b}")
+            check_close(lse[b], rl, LSE_TOL, f"replay {step} LSE b={b}")
+    del cache
+    torch.cuda.empty_cache()
+
+
+def test_decode_one_chunk_needs_no_workspace(rt):
+    variants = [v for v in decode_variants(rt) if v[2] != "dense"]
+    dtype, D, kv = variants[0]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cache = PagedCache([5000, 3, 0], int(kv[len("paged"):]), 2, D, dtype, "NHD", gen)
+    q = torch.randn(3, 1, 8, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.empty_like(q), torch.empty(3, 8, 1, device="cuda")
+    plan = run_and_check(rt, cache, q, out, lse, 1, "chunks=1")
+    assert plan.workspace_bytes == 0

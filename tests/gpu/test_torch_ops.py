@@ -89,7 +89,7 @@ def test_decode_op_in_torch_compile_and_cuda_graph(ops):
 
     @torch.compile(fullgraph=True)
     def step(q):
-        out, _ = torch.ops.aotc.decode(q, k_cache, v_cache, seqlens, page_table, ws, L, "NHD", 4, None)
+        out, _ = torch.ops.aotc.decode(q, k_cache, v_cache, seqlens, page_table, ws, "NHD", 4, None)
         return out
 
     out = step(q)
@@ -98,7 +98,7 @@ def test_decode_op_in_torch_compile_and_cuda_graph(ops):
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        g_out, _ = ops.decode(q, k_cache, v_cache, seqlens, page_table, max_seqlen_kv=L, workspace=ws, num_splits=4)
+        g_out, _ = ops.decode(q, k_cache, v_cache, seqlens, page_table, workspace=ws, chunks=4)
     for _ in range(2):
         q.copy_(torch.randn_like(q))
         seqlens.copy_(torch.randint(1, L + 1, (B,), dtype=torch.int32))
@@ -106,3 +106,51 @@ def test_decode_op_in_torch_compile_and_cuda_graph(ops):
         graph.replay()
         torch.cuda.synchronize()
         check_close(g_out, reference(), TOL, "graph replay decode")
+
+
+def test_out_ops_write_caller_buffers_and_replay_in_a_graph(ops):
+    """decode_out and prefill_out, as a serving backend calls them: into caller buffers, the plan's own
+    decode workspace, captured once and replayed with new lengths."""
+    B, H_q, H_kv, D, page = 6, 32, 8, 128, 16
+    lengths = [4000, 1, 0, 17, 900, 33]
+    n = max(math.ceil(L / page) for L in lengths) + 1
+    k_cache = torch.randn(B * n, page, H_kv, D, dtype=torch.bfloat16, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    page_table = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q = torch.randn(B, 1, H_q, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H_q, 1, device="cuda")
+
+    def reference():
+        outs = []
+        for b in range(B):
+            pages = page_table[b].long()
+            kd = k_cache[pages].reshape(-1, H_kv, D)[: int(seqlens[b])][None]
+            vd = v_cache[pages].reshape(-1, H_kv, D)[: int(seqlens[b])][None]
+            outs.append(sdpa(q[b:b + 1], kd, vd, True) if int(seqlens[b]) else torch.zeros_like(q[b:b + 1]).float())
+        return torch.cat(outs)
+
+    torch.ops.aotc.decode_out(q, k_cache, v_cache, seqlens, page_table, out, lse)  # warm-up: prepares the plan
+    torch.cuda.synchronize()
+    check_close(out, reference(), TOL, "decode_out")
+    assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()  # the empty sequence
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.aotc.decode_out(q, k_cache, v_cache, seqlens, page_table, out, lse)
+    for step in range(3):
+        q.copy_(torch.randn_like(q))
+        seqlens.copy_(torch.tensor([L + step for L in lengths[::-1]], dtype=torch.int32))
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(out, reference(), TOL, f"decode_out graph replay {step}")
+
+    qp = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16, device="cuda")
+    kp = torch.randn(2, 500, 2, 128, dtype=torch.bfloat16, device="cuda")
+    vp = torch.randn_like(kp)
+    op, lp = torch.full_like(qp, math.nan), torch.full((2, 8, 300), math.nan, device="cuda")
+    torch.ops.aotc.prefill_out(qp, kp, vp, op, lp, True, None)
+    torch.cuda.synchronize()
+    check_close(op, sdpa(qp, kp, vp, True), TOL, "prefill_out")
+    assert torch.isfinite(lp).all()
