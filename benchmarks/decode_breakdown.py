@@ -46,7 +46,7 @@ def main() -> None:
         kv_bytes = 2 * B * S * H_kv * D * 2
         k, v, pt, sl, q, out, ws = paged_problem(rt, page, B, S, H_q, H_kv, D, 256)
         plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws)
-        row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "splits": plan.num_splits}
+        row = {"page": page, "B": B, "S_kv": S, "kv_bytes": kv_bytes, "chunks": plan.chunks}
 
         def cur():  # graph_time captures on a side stream: launch on whatever stream is current
             return torch.cuda.current_stream().cuda_stream
@@ -62,8 +62,8 @@ def main() -> None:
         if B >= 64:
             # large batches: is the heuristic's split count (1: one wave of CTAs per 2 per SM) the best?
             for splits in (2, 3, 4):
-                if splits != plan.num_splits:
-                    p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, num_splits=splits)
+                if splits != plan.chunks:
+                    p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, chunks=splits)
                     contenders[f"splits{splits}"] = lambda p=p: p.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
         # correctness of the step at this shape (fp32 reference on the dense copy)
         plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur())
@@ -80,7 +80,7 @@ def main() -> None:
         if B == 1:
             sweep = {}
             for splits in (16, 24, 32, 48, 64, 96, 128, 192, 256):
-                p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, num_splits=splits)
+                p = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, chunks=splits)
                 sweep[splits] = graph_time(lambda: p.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, cur()), flush)
             row["split_sweep_us"] = sweep
         if page == 16 and B == 1:

@@ -1,8 +1,8 @@
-"""Decode bandwidth over forced split counts at a few paged shapes (bf16, D 128, H 32/8, 16-token pages).
+"""Decode bandwidth over forced chunk counts (KvChunks target) at a few paged shapes (bf16, D 128, H 32/8, 16-token pages).
 
     python benchmarks/probes/split_sweep.py     # from the repository root, with artifacts/default.aotc
 
-Prints, per (B, S_kv), "splits:TB/s" for the heuristic's count (first) and each forced one.
+Prints, per (B, S_kv), "chunks:TB/s" for the default count (first) and each forced one.
 """
 import sys, torch
 sys.path.insert(0, ".")
@@ -21,7 +21,7 @@ for page in (16,):
         ws = torch.empty(rt.decode_workspace_bytes(B, 1, H_q, D, 256), dtype=torch.uint8, device="cuda")
         res = []
         for splits in (None, 8, 16, 24, 33, 48, 64, 96, 128):
-            plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, num_splits=splits)
+            plan = rt.prepare_decode(q, k, v, out, sl, pt, max_seqlen_kv=S, workspace=ws, chunks=splits)
             us = graph_time(lambda: plan.run(q.data_ptr(), out.data_ptr(), 0, 0, 0, torch.cuda.current_stream().cuda_stream), flush)
-            res.append(f"{plan.num_splits}:{2*B*S*H_kv*D*2/us/1e6:.2f}")
+            res.append(f"{plan.chunks}:{2*B*S*H_kv*D*2/us/1e6:.2f}")
         print(B, S, " ".join(res), flush=True)

@@ -92,12 +92,12 @@ def test_descriptors_reencoded_only_for_new_pointers(rt):
     v = alloc(2, 300, 4, 64, "bf16", "bshd")
     out = alloc(2, 300, 4, 64, "bf16", "bshd", fill=math.nan)
     plan = rt.prepare_prefill(q, k, v, out, family=FAMILY)
-    before = [d.data for d in plan.descriptors]
+    before = [d.data for d in plan.inputs.descriptors]  # the TMA launch strategy holds them
     plan.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-    assert [d.data for d in plan.descriptors] == before  # same pointers: nothing encoded
+    assert [d.data for d in plan.inputs.descriptors] == before  # same pointers: nothing encoded
     k2, v2, out2 = k.clone(), v.clone() * 2, torch.full_like(out, math.nan)
     plan.run(q.data_ptr(), k2.data_ptr(), v2.data_ptr(), out2.data_ptr())
-    assert plan.descriptors[0].data == before[0] and plan.descriptors[1].data != before[1]
+    assert plan.inputs.descriptors[0].data == before[0] and plan.inputs.descriptors[1].data != before[1]
     torch.cuda.synchronize()
     ref = torch.empty_like(out)
     rt.prefill(q, k2, v2, ref, family="sdpa_prefill")
