@@ -17,6 +17,11 @@ def persistent_grid(m_blocks: int, heads_q: int, batch: int, sm_count: int) -> t
     return (min(tiles, sm_count), 1, 1)
 
 
+# KvChunks' scan packs a prefix of full chunks (at most target chunks) and one of partial chunks (at most
+# one per sequence) in one int32, 16 bits each: target_chunks + batch stays below this
+MAX_DECODE_CHUNKS = 1 << 15
+
+
 def decode_columns(heads_q: int, heads_kv: int, seqlen_q: int, rows_per_cta: int) -> int:
     """CTAs per chunk of a decode step (grid.x): one per (KV head, row tile of its packed query rows)."""
     return heads_kv * -(-(heads_q // heads_kv * seqlen_q) // rows_per_cta)

@@ -106,6 +106,10 @@ def _warp_inclusive_scan(x, lane):
     return x
 
 
+SEQS_PER_LANE = 4            # KvChunks: sequences a lane holds per round
+ROUND = 32 * SEQS_PER_LANE   # sequences per round
+
+
 class KvChunks:
     """Host half: aotc.families.schedulers.decode_chunks. The work of a decode step, balanced over the GPU
     for any distribution of KV lengths, derived in the kernel from the device-side lengths (so a CUDA graph
@@ -119,7 +123,9 @@ class KvChunks:
       one: the largest pieces are dispatched first, so the tail of the launch holds the small ones.
     There are at most T + B chunks (sum of ceil(n_b / C) <= W / C + B <= T + B): the grid's y extent; the
     CTAs past the last chunk exit at once. Every warp computes the same answer from the lengths (no
-    barrier): three passes over B int32 lengths, a warp reduction or scan each.
+    barrier): three passes over B int32 lengths, a warp reduction or scan each; a batch of at most ROUND
+    sequences is read once. The chunk counts of a scan share an int32 (16 bits each): the runtime keeps
+    target_chunks + batch below aotc.families.schedulers.MAX_DECODE_CHUNKS.
     """
 
     def __init__(self, block_n: int, min_chunk_blocks: int, page: int):
@@ -142,19 +148,38 @@ class KvChunks:
         return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
 
     @cute.jit
+    def load_round(self, nb, seqlens_kv, r0, batch, max_pages, lane):
+        """nb[i] = kv blocks of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch): a round of
+        32 * SEQS_PER_LANE sequences, consecutive ones in each lane, the loads independent."""
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            b = r0 + SEQS_PER_LANE * lane + i
+            nb[i] = Int32(0)
+            if b < batch:
+                nb[i] = self.kv_blocks(seqlens_kv, b, max_pages)
+
+    @cute.jit
     def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane):
         """(seq, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot) of chunk `chunk`: its sequence
         (-1 past the last chunk) and that sequence's keys, the chunk's key range [lo, hi), the sequence's
         chunk count, and where its chunks are (full chunk j is chunk first_full + j; its partial chunk,
-        if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp."""
+        if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp.
+
+        The lengths are read in rounds of ROUND sequences held in registers; a batch of one round (B <=
+        128) is read once for all three passes (the pass count is the latency at the start of every CTA)."""
+        nb = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         w = Int32(0)
-        for b in range(lane, batch, 32):
-            w = w + self.kv_blocks(seqlens_kv, b, max_pages)
+        for r0 in range(0, batch, ROUND):
+            self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                w = w + nb[i]
         w = _warp_sum(w)
         c = cutlass.max(Int32(self.min_chunk_blocks), (w + (target_chunks - 1)) // target_chunks)
         f = Int32(0)
-        for b in range(lane, batch, 32):
-            f = f + self.kv_blocks(seqlens_kv, b, max_pages) // c
+        for r0 in range(0, batch, ROUND):
+            if batch > ROUND:  # else nb holds the one round already
+                self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                f = f + nb[i] // c
         f_total = _warp_sum(f)
 
         seq = Int32(-1)
@@ -164,36 +189,45 @@ class KvChunks:
         n_full = Int32(0)
         partial_slot = Int32(0)
         has_partial = Int32(0)
-        base_f = Int32(0)
-        base_p = Int32(0)
-        for r0 in range(0, batch, 32):
-            b = r0 + lane
-            nb = Int32(0)
-            if b < batch:
-                nb = self.kv_blocks(seqlens_kv, b, max_pages)
-            fb = nb // c
-            pb = Int32(0)
-            if b < batch:
-                if nb - fb * c > 0 or nb == 0:
-                    pb = Int32(1)
-            incl_f = _warp_inclusive_scan(fb, lane)
-            incl_p = _warp_inclusive_scan(pb, lane)
-            ex_f = base_f + incl_f - fb
-            slot_p = f_total + base_p + incl_p - pb
-            if chunk >= ex_f and chunk < ex_f + fb:
-                seq = b
-                j = chunk - ex_f
-                full = Int32(1)
-            if pb != 0 and chunk == slot_p:
-                seq = b
-                j = fb
-            if seq == b:
-                first_full = ex_f
-                n_full = fb
-                partial_slot = slot_p
-                has_partial = pb
-            base_f = base_f + cute.arch.shuffle_sync(incl_f, 31)
-            base_p = base_p + cute.arch.shuffle_sync(incl_p, 31)
+        base = Int32(0)  # full chunks (high 16 bits) and partial chunks (low 16) of the earlier rounds
+        for r0 in range(0, batch, ROUND):
+            if batch > ROUND:
+                self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+            mine = Int32(0)  # this lane's sequences' (full << 16) + partial chunk counts
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                fb = nb[i] // c
+                pb = Int32(0)
+                if r0 + SEQS_PER_LANE * lane + i < batch:
+                    if nb[i] - fb * c > 0 or nb[i] == 0:
+                        pb = Int32(1)
+                mine = mine + (fb << 16) + pb
+            incl = _warp_inclusive_scan(mine, lane)
+            ex = base + incl - mine
+            ex_f = ex >> 16
+            ex_p = ex & 0xFFFF
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                b = r0 + SEQS_PER_LANE * lane + i
+                fb = nb[i] // c
+                pb = Int32(0)
+                if b < batch:
+                    if nb[i] - fb * c > 0 or nb[i] == 0:
+                        pb = Int32(1)
+                slot_p = f_total + ex_p
+                if chunk >= ex_f and chunk < ex_f + fb:
+                    seq = b
+                    j = chunk - ex_f
+                    full = Int32(1)
+                if pb != 0 and chunk == slot_p:
+                    seq = b
+                    j = fb
+                if seq == b:
+                    first_full = ex_f
+                    n_full = fb
+                    partial_slot = slot_p
+                    has_partial = pb
+                ex_f = ex_f + fb
+                ex_p = ex_p + pb
+            base = base + cute.arch.shuffle_sync(incl, 31)
         # one lane at most found the chunk: broadcast what it found (past the last chunk, no lane did)
         hit = cute.arch.vote_ballot_sync(seq >= 0)
         src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
-from ..families.schedulers import decode_chunks, decode_columns, decode_grid
+from ..families.schedulers import MAX_DECODE_CHUNKS, decode_chunks, decode_columns, decode_grid
 from ..families.sdpa_decode import KV_CHOICES, MAX_SEQLEN_Q
 from . import driver
 from . import validate as V
@@ -41,7 +41,7 @@ from .tensors import TensorArg, as_stream, as_tensor
 
 FAMILY = "sdpa_decode"
 DTYPES = ("fp16", "bf16")
-MAX_GRID_Y = 65535
+MAX_CHUNK_SLOTS = MAX_DECODE_CHUNKS - 1  # target chunks + batch (the grid's chunk extent)
 
 
 def _align16(n: int) -> int:
@@ -114,9 +114,10 @@ class DecodePlan(Plan):
         columns = decode_columns(d.heads_q, d.heads_kv, d.seqlen_q, int(facts["rows_per_cta"]))
         if chunks is None:
             chunks = decode_chunks(columns, driver.multiprocessor_count(device), int(facts["ctas_per_sm"]))
-            chunks = min(chunks, MAX_GRID_Y - d.batch)
-        if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= MAX_GRID_Y - d.batch:
-            raise ArgumentError("chunks", chunks, f"an int in [1, {MAX_GRID_Y - d.batch}] (65535 - B) or None")
+            chunks = min(chunks, MAX_CHUNK_SLOTS - d.batch)
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= MAX_CHUNK_SLOTS - d.batch:
+            raise ArgumentError("chunks", chunks, f"an int in [1, {MAX_CHUNK_SLOTS - d.batch}] "
+                                                  f"({MAX_CHUNK_SLOTS} - B) or None")
         self.chunks = chunks
         self.workspace_bytes = workspace_bytes(d.batch, d.seqlen_q, d.heads_q, d.head_dim, chunks)
         ws = self._workspace(workspace, device, t, sl, pt, ls) if self.workspace_bytes else None
@@ -301,9 +302,9 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         V.stride_multiple(x, name, range(3), 8)
     V.distinct_elements(o, "out")
     V.int32_extent(batch, "B")
-    if batch > MAX_GRID_Y - 1 or heads_kv > MAX_GRID_Y:
-        raise ArgumentError("B" if batch > MAX_GRID_Y - 1 else "H_kv", max(batch, heads_kv),
-                            f"below {MAX_GRID_Y} (grid limit)")
+    if batch >= MAX_CHUNK_SLOTS or heads_kv > 65535:
+        raise ArgumentError("B" if batch >= MAX_CHUNK_SLOTS else "H_kv", max(batch, heads_kv),
+                            f"B below {MAX_CHUNK_SLOTS} (the chunk schedule's limit), H_kv at most 65535")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})},
                  {"q": q, "k_cache": k, "v_cache": v, "seqlens_kv": sl, **({"page_table": pt} if pt else {})})
     return DecodeShape(batch, seqlen_q, heads_q, head_dim, heads_kv, page,
