@@ -22,7 +22,7 @@ HAVE_DSL = importlib.util.find_spec("cutlass") is not None
 
 # knobs a test must never inherit from the shell
 _AOTC_ENV = ("AOTC_NO_COMPILE", "AOTC_LOCK_DIR", "AOTC_LOCK_TIMEOUT", "AOTC_BUNDLE_MAX_MEMBER_BYTES",
-             "AOTC_BUNDLE_MAX_BYTES", "AOTC_BUNDLE_PATH")
+             "AOTC_BUNDLE_MAX_BYTES", "AOTC_BUNDLE_PATH", "AOTC_TEST_WORKER_SETUP")
 
 # the small real variants compiled once per session (sm_80 is there for arch-mismatch tests)
 REAL_VARIANTS = (
@@ -147,6 +147,17 @@ def tiny_spec(tmp_path) -> Path:
     p = tmp_path / "tiny.toml"
     p.write_text(TINY_SPEC)
     return p
+
+
+def patch_compile_processes(monkeypatch, tmp_path: Path, code: str) -> Path:
+    """Run `code` in every compile process a build starts from now on (AOTC_TEST_WORKER_SETUP): compiles
+    run in spawned processes, where a monkeypatch of this one does not reach. Returns the file."""
+    import textwrap
+
+    path = tmp_path / "compile_process_setup.py"
+    path.write_text(textwrap.dedent(code))
+    monkeypatch.setenv("AOTC_TEST_WORKER_SETUP", str(path))
+    return path
 
 
 def aotc_env(**extra: str) -> dict:

@@ -14,7 +14,7 @@ from aotc.build.spec import load_spec
 from aotc.common import config
 from aotc.build.compile import cache_key
 from aotc.common.errors import MissingArtifactsError
-from conftest import PYTHON, REPO, aotc_env, lock_held_elsewhere, run_aotc
+from conftest import PYTHON, REPO, aotc_env, lock_held_elsewhere, patch_compile_processes, run_aotc
 
 pytest.importorskip("cutlass")
 
@@ -85,21 +85,21 @@ def test_offline_names_only_the_missing(cache_dir, tiny_spec, tmp_path, capsys):
 
 
 @pytest.fixture
-def one_variant_breaks(monkeypatch, tiny_spec):
-    """Make the kernel module raise for one variant of the tiny spec; returns (spec, broken variant)."""
-    from aotc.families import get_family
-
-    module = get_family("sdpa_combine").compile_module()
-    real = module.compile
+def one_variant_breaks(monkeypatch, tiny_spec, tmp_path):
+    """Make the kernel module raise for one variant of the tiny spec (in the compile processes, where the
+    compiles run); returns (spec, broken variant)."""
     variants = load_spec(tiny_spec).variants
     broken = variants[1]
-
-    def compile(variant, **kw):
-        if variant == broken:
-            raise RuntimeError("synthetic DSL failure")
-        return real(variant, **kw)
-
-    monkeypatch.setattr(module, "compile", compile)
+    patch_compile_processes(monkeypatch, tmp_path, f"""
+        from aotc.families import get_family
+        module = get_family("sdpa_combine").compile_module()
+        real = module.compile
+        def compile(variant, **kw):
+            if variant.name == {broken.name!r}:
+                raise RuntimeError("synthetic DSL failure")
+            return real(variant, **kw)
+        module.compile = compile
+        """)
     return tiny_spec, broken
 
 
@@ -133,15 +133,14 @@ def test_one_failing_variant_cli_exit_code(cache_dir, one_variant_breaks, capsys
     assert out["counts"] == {"hit": 3, "compiled": 0, "bypassed": 0, "failed": 1}
 
 
-def test_a_crash_outside_aotc_errors_is_one_variants_failure(cache_dir, tiny_spec, monkeypatch):
-    import aotc.build.builder as build_mod
-
+def test_a_crash_outside_aotc_errors_is_one_variants_failure(cache_dir, tiny_spec, monkeypatch, tmp_path):
     variants = load_spec(tiny_spec).variants
-
-    def compile_variant(v, key=None):
-        raise MemoryError("boom") if v == variants[0] else KeyError("oops")
-
-    monkeypatch.setattr(build_mod, "compile_variant", compile_variant)
+    patch_compile_processes(monkeypatch, tmp_path, f"""
+        import aotc.build.executors as ex
+        def compile_variant(v, key=None):
+            raise MemoryError("boom") if v.name == {variants[0].name!r} else KeyError("oops")
+        ex.compile_variant = compile_variant
+        """)
     report = build(variants, cache=Cache(), jobs=1)
     assert [r.status for r in report.results] == ["failed"] * 4
     assert "MemoryError: boom" in report.results[0].error

@@ -148,7 +148,7 @@ def test_flipped_member_byte_fails_verify(good_bundle, tmp_path, capsys):
     data = bytearray(members[victim])
     data[len(data) // 3] ^= 0x01
     bad = rewrite(good_bundle, tmp_path / "bad.aotc", members={**members, victim: bytes(data)})
-    assert main(["bundle", "verify", str(good_bundle), str(bad)]) == 1
+    assert main(["bundle", "verify", str(good_bundle), str(bad)]) == 7
     cap = capsys.readouterr()
     assert f"{good_bundle}: ok" in cap.out
     assert victim in cap.err and "sha256" in cap.err
@@ -157,7 +157,7 @@ def test_flipped_member_byte_fails_verify(good_bundle, tmp_path, capsys):
     with pytest.raises(BundleError, match=re.escape(victim)):
         read_bundle(bad)
     r = run_aotc("bundle", "verify", str(bad))
-    assert r.returncode == 1 and victim in r.stderr
+    assert r.returncode == 7 and victim in r.stderr
 
 
 # ---- hostile bundles ----------------------------------------------------------

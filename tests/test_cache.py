@@ -109,12 +109,16 @@ def test_key_is_none_without_dsl_versions(monkeypatch):
 
 
 def test_unknown_dsl_versions_bypass_the_cache(monkeypatch, cache, fake_artifact):
+    import concurrent.futures as cf
+
     import aotc.build.builder as build_mod
+    import aotc.build.executors as executors
 
     art = fake_artifact("bypass", key="")
     monkeypatch.setattr(build_mod, "cache_key", lambda v: None)
-    monkeypatch.setattr(build_mod, "compile_variant", lambda v, key=None: art)
-    report = build_mod.build([art.variant], cache=cache)
+    monkeypatch.setattr(executors, "compile_variant", lambda v, key=None: art)
+    with cf.ThreadPoolExecutor(1) as pool:  # in this process, where the monkeypatch applies
+        report = build_mod.build([art.variant], cache=cache, executor=pool)
     assert [r.status for r in report.results] == ["bypassed"]
     assert report.artifacts == [art]
     assert counters(cache)["bypassed"] == 1

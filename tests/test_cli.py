@@ -55,6 +55,8 @@ def test_cache_info_json_empty(cache_dir, capsys):
     assert main(["cache", "info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info == {
+        "schema_version": 1,
+        "command": "cache info",
         "root": str(cache_dir / "v1"),
         "lock_dir": str(cache_dir / "v1" / "locks"),
         "entries": 0,
@@ -179,8 +181,8 @@ def test_errors_become_exit_codes_and_messages(cache_dir, tmp_path, capsys):
     assert main(["list", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot read spec")
-    assert main(["bundle", "verify", str(tmp_path / "missing.aotc")]) == 7
-    assert "no such file" in capsys.readouterr().err
+    assert main(["bundle", "verify", str(tmp_path / "missing.aotc")]) == 2  # click's convention for a missing file
+    assert "missing.aotc" in (err := capsys.readouterr().err) and "does not exist" in err
 
 
 def test_cache_ls_marks_entries_from_other_versions(cache_dir, real_artifacts, capsys):

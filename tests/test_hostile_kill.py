@@ -1,5 +1,6 @@
-"""Killed builders: SIGKILL `aotc build` at seeded random points (interpreter start and DSL import,
-compile, commit), and inside commit() through the test-only hook AOTC_TEST_KILL_POINT (aotc/storage/atomic.py).
+"""Killed builders: SIGKILL `aotc build` (and its compile process) at seeded random points (interpreter
+start and DSL import, compile, commit), and its compile process inside commit() through the test-only hook
+AOTC_TEST_KILL_POINT (aotc/storage/atomic.py).
 
 After every kill: `Cache.verify(repair=False)` may report partial entries, but nothing the cache or
 `aotc.runtime.load(cache=True)` serves differs from the reference build, every lock is free at once,
@@ -48,12 +49,13 @@ head_dim = [64, 128]
 strides = "packed"
 """
 
-# `python -m aotc ARGS` with phase marks appended to a trace file (one write per mark, so a SIGKILL
-# leaves the last phase entered): import (interpreter start, aotc and DSL import), compile, commit,
-# between (after a commit: counters, lock release, the next lookup, the report).
-BUILDER = textwrap.dedent("""
-    import os, runpy, sys
-    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+# Phase marks appended to a trace file (one write per mark, so a SIGKILL leaves the last phase entered):
+# import (interpreter start, aotc and DSL import), compile, commit, between (after a commit: counters,
+# lock release, the next lookup, the report). The builder runs MARKS, then `python -m aotc ARGS`; its
+# compile processes (where compiles and commits happen) run MARKS too, through AOTC_TEST_WORKER_SETUP.
+MARKS = textwrap.dedent("""
+    import os
+    fd = os.open(os.environ["AOTC_TEST_TRACE"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     def mark(phase):
         os.write(fd, phase.encode() + b"\\n")
     mark("import")
@@ -69,7 +71,11 @@ BUILDER = textwrap.dedent("""
         real_commit(self, art)
         mark("between")
     aotc.families.Family.compile_module, aotc.storage.cache.Cache.commit = compile_module, commit
-    sys.argv = ["aotc", *sys.argv[2:]]
+    """)
+BUILDER = textwrap.dedent("""
+    import os, runpy, sys
+    runpy.run_path(os.environ["AOTC_TEST_WORKER_SETUP"])
+    sys.argv = ["aotc", *sys.argv[1:]]
     runpy.run_module("aotc", run_name="__main__", alter_sys=True)
     """)
 
@@ -151,11 +157,15 @@ def test_sigkill_builders_at_random_points(tmp_path, capsys, monkeypatch):
     builder_tmp = tmp_path / "builder-tmp"
     builder_tmp.mkdir()
 
+    marks_py = tmp_path / "marks.py"
+    marks_py.write_text(MARKS)
+
     def run_builder(root: Path, trace: Path, extra_env: dict | None = None) -> subprocess.Popen:
-        env = aotc_env(AOTC_CACHE_DIR=str(root), TMPDIR=str(builder_tmp), **(extra_env or {}))
+        env = aotc_env(AOTC_CACHE_DIR=str(root), TMPDIR=str(builder_tmp), AOTC_TEST_TRACE=str(trace),
+                       AOTC_TEST_WORKER_SETUP=str(marks_py))
         env.pop(TEST_KILL_POINT_ENV, None)
         env.update(extra_env or {})
-        return subprocess.Popen([PYTHON, "-c", BUILDER, str(trace), "build", str(spec), "-j", "1"], cwd=REPO,
+        return subprocess.Popen([PYTHON, "-c", BUILDER, "build", str(spec), "-j", "1"], cwd=REPO,
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
 
@@ -212,22 +222,26 @@ def test_sigkill_builders_at_random_points(tmp_path, capsys, monkeypatch):
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     raise
-                assert proc.returncode == -signal.SIGKILL, f"trial {i}: the kill point was not reached: {err}"
+                # the hook fires in the compile process: that variant fails, the builder reports it and exits 1
+                assert proc.returncode == 1 and "worker died: signal 9 (SIGKILL)" in err, \
+                    f"trial {i}: the kill point was not reached: {err}"
             else:
                 delay = rng.uniform(0, 1.2 * duration)
                 how = f"after {delay:.2f} s"
                 proc = run_builder(root, trace)
                 time.sleep(delay)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
+                if proc.poll() is None:  # the builder and its compile process at once, as an OOM kill of the job
+                    os.killpg(proc.pid, signal.SIGKILL)
                 _, err = proc.communicate(timeout=120)
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # anything it started (nothing, with -j 1)
+                os.killpg(proc.pid, signal.SIGKILL)  # anything it started (its compile process)
             except (ProcessLookupError, PermissionError):
                 pass
             marks = trace.read_text().split() if trace.exists() else []
             if proc.returncode == 0:
                 phase = "completed"
+            elif hook:
+                phase = marks[-1]
             else:
                 assert proc.returncode == -signal.SIGKILL, f"trial {i}: builder failed by itself: {err}"
                 phase = marks[-1] if marks else "import"  # killed before its first mark: interpreter start

@@ -1,4 +1,4 @@
-"""`aotc bundle wheel`: a pip-installable wheel that carries a bundle (standard library only).
+"""`aotc bundle wheel`: a pip-installable wheel that carries a bundle (standard library, and `packaging` for names).
 
 The wheel ``NAME-VERSION-py3-none-any.whl`` holds
 
@@ -12,15 +12,27 @@ through ``importlib.metadata``. The same inputs give the same bytes (fixed
 timestamps, sorted members), so rebuilding a wheel does not change its hash.
 The wheel declares no dependency unless asked (``--requires 'aotc>=0.1'``):
 the deployment image brings its own aotc runtime.
+
+Names, versions and requirements are checked with the ``packaging`` library's
+rules (the ones pip applies), and the wheel may not shadow what an image
+already imports: its package is never a standard-library module, a module
+importable here (unless this same distribution installed it: a new version of
+the bundle), or one of the import names aotc runs with; its distribution name
+is never one installed here that is not an aotc bundle wheel, nor one of
+aotc's own dependencies.
 """
 from __future__ import annotations
 
 import base64
 import csv
 import hashlib
+import importlib.metadata as md
+import importlib.util
 import io
+import keyword
 import re
 import stat
+import sys
 import zipfile
 from pathlib import Path
 from typing import Iterable
@@ -28,20 +40,20 @@ from typing import Iterable
 from .. import __version__
 from ..storage.bundle import ENTRY_POINT_GROUP, read_bundle
 from ..storage.atomic import atomic_write
-from ..common.errors import AotcError
+from ..common.errors import UsageError
 
-# PEP 508 names; PEP 440 versions (the canonical public form, plus local labels)
-_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
-_VERSION = re.compile(
-    r"^([1-9][0-9]*!)?(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*((a|b|rc)(0|[1-9][0-9]*))?(\.post(0|[1-9][0-9]*))?"
-    r"(\.dev(0|[1-9][0-9]*))?(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
 _DATE = (2020, 1, 1, 0, 0, 0)
+_IMPORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# what a deployment of aotc imports and installs, whether or not this build machine has it
+RESERVED_IMPORT_NAMES = frozenset({"aotc", "cuda", "numpy", "click", "filelock", "platformdirs", "cutlass", "torch",
+                                   "packaging"})
+RESERVED_DISTRIBUTIONS = frozenset({"aotc", "cuda-python", "cuda-bindings", "cuda-core", "numpy", "click", "filelock",
+                                    "platformdirs", "nvidia-cutlass-dsl", "torch", "packaging", "pip", "setuptools",
+                                    "wheel"})
 
 
-class WheelError(AotcError):
-    """A bad --name/--version/--package (exit code 2: usage)."""
-
-    exit_code = 2
+class WheelError(UsageError):
+    """A bad --name/--version/--package/--requires (exit code 2: usage)."""
 
 
 def normalize(name: str) -> str:
@@ -57,18 +69,7 @@ def build_wheel(bundle: str | Path, *, name: str, version: str, out_dir: str | P
     nothing is written). Returns {"wheel", "name", "version", "package",
     "entry_point", "bundle_sha256", "kernels"}.
     """
-    if not _NAME.match(name):
-        raise WheelError(f"--name {name!r} is not a valid distribution name (letters, digits, '.', '-', '_'; "
-                         f"starting and ending with a letter or digit)")
-    if not _VERSION.match(version):
-        raise WheelError(f"--version {version!r} is not a canonical PEP 440 version (e.g. 1.0.0, 2.1rc1, 1.0+cu12)")
-    dist = normalize(name)
-    package = package or (("_" if dist[0].isdigit() else "") + dist)
-    if not package.isidentifier() or package in ("aotc",):
-        raise WheelError(f"--package {package!r} is not a usable import name")
-    for req in requires:
-        if not req.strip() or "\n" in req:
-            raise WheelError(f"--requires {req!r}: one requirement per option")
+    dist, package, requires = _checked(name, version, package, requires)
     src = Path(bundle)
     b = read_bundle(src)  # verify before packing: never ship a bad bundle
     data = src.read_bytes()
@@ -99,7 +100,7 @@ def bundle_path() -> str:
         f"Name: {name}",
         f"Version: {version}",
         f"Summary: aotc kernel bundle ({len(b.artifacts)} kernels for {', '.join(archs) or 'no arch'})",
-        *[f"Requires-Dist: {r.strip()}" for r in requires],
+        *[f"Requires-Dist: {r}" for r in requires],
         "",
         f"aotc bundle `{member}` (sha256 {digest}), packaged by aotc {__version__}.",
         "",
@@ -134,6 +135,79 @@ def bundle_path() -> str:
     atomic_write(wheel, buf.getvalue())
     return {"wheel": str(wheel), "name": name, "version": version, "package": package,
             "entry_point": f"{name} = {package}:bundle_path", "bundle_sha256": digest, "kernels": len(b.artifacts)}
+
+
+def _checked(name: str, version: str, package: str | None, requires: Iterable[str]) -> tuple[str, str, list[str]]:
+    """(wheel file name part, package, requirement lines); WheelError for anything pip would refuse or
+    that would shadow an installed module or distribution."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import InvalidName, canonicalize_name
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        raise WheelError("aotc bundle wheel needs the packaging library to check names and versions",
+                         hint="pip install 'packaging>=24.2' (part of aotc's compile extra)") from None
+    try:
+        canonical = canonicalize_name(name, validate=True)
+    except InvalidName:
+        raise WheelError(f"--name {name!r} is not a valid distribution name (letters, digits, '.', '-', '_'; "
+                         f"starting and ending with a letter or digit)") from None
+    try:
+        normal = str(Version(version))
+    except InvalidVersion:
+        raise WheelError(f"--version {version!r} is not a canonical PEP 440 version (e.g. 1.0.0, 2.1rc1, "
+                         f"1.0+cu12)") from None
+    if normal != version:  # Version() also accepts 'v1', '1.0-final' spellings and surrounding whitespace
+        raise WheelError(f"--version {version!r} is not a canonical PEP 440 version: write {normal!r}")
+    if canonical in RESERVED_DISTRIBUTIONS or _installed_elsewhere(canonical):
+        raise WheelError(f"--name {name!r} is the name of a distribution that is not this bundle's; installing the "
+                         f"wheel would replace it", hint="choose a name of your own, e.g. acme-attention-kernels")
+    dist = normalize(name)
+    package = package or (("_" if dist[0].isdigit() else "") + dist)
+    if not _IMPORT_NAME.fullmatch(package) or keyword.iskeyword(package) or package.startswith("__"):
+        raise WheelError(f"--package {package!r} is not a usable import name (an ASCII identifier, not a keyword "
+                         f"or a dunder name)")
+    if (package in RESERVED_IMPORT_NAMES or package in sys.stdlib_module_names or package in sys.builtin_module_names
+            or _importable_elsewhere(package, canonical)):
+        raise WheelError(f"--package {package!r} is not a usable import name: a module of that name already exists "
+                         f"(the standard library, aotc's own imports, or installed here) and the wheel would shadow "
+                         f"it", hint="choose a package name of your own with --package")
+    lines = []
+    for req in requires:
+        try:
+            lines.append(str(Requirement(req)))
+        except InvalidRequirement as e:
+            raise WheelError(f"--requires {req!r} is not a valid requirement (PEP 508): "
+                             f"{str(e).splitlines()[0]}") from None
+    return dist, package, lines
+
+
+def _installed_elsewhere(canonical: str) -> bool:
+    """An installed distribution of that name that is not an aotc bundle wheel (no aotc.bundles entry point)."""
+    from packaging.utils import canonicalize_name
+
+    for d in md.distributions():
+        try:
+            if canonicalize_name(d.metadata["Name"] or "") != canonical:
+                continue
+            return not any(ep.group == ENTRY_POINT_GROUP for ep in d.entry_points)
+        except Exception:  # broken metadata of an unrelated distribution
+            continue
+    return False
+
+
+def _importable_elsewhere(package: str, canonical: str) -> bool:
+    """`package` imports here and no installed distribution of this wheel's name provides it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None:  # absent, or a namespace package (directories, nothing to shadow)
+        return False
+    from packaging.utils import canonicalize_name
+
+    owners = md.packages_distributions().get(package, [])
+    return not any(canonicalize_name(o) == canonical for o in owners)
 
 
 def _b64(digest: bytes) -> str:

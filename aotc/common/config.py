@@ -67,6 +67,15 @@ def test_kill_point() -> str:
     return os.environ.get(TEST_KILL_POINT_ENV, "")
 
 
+TEST_WORKER_SETUP_ENV = "AOTC_TEST_WORKER_SETUP"
+
+
+def test_worker_setup() -> str:
+    """AOTC_TEST_WORKER_SETUP=<file.py>: tests only; every compile process runs the file once when it starts
+    (aotc.build.executors), so a test can patch the compile inside the spawned process."""
+    return os.environ.get(TEST_WORKER_SETUP_ENV, "")
+
+
 def max_bundle_bytes() -> int:
     """AOTC_BUNDLE_MAX_BYTES: largest total uncompressed size of a bundle (default 4 GiB)."""
     return int(os.environ.get("AOTC_BUNDLE_MAX_BYTES", str(4 << 30)))

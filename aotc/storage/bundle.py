@@ -25,7 +25,7 @@ from typing import Iterable
 from .. import __version__
 from ..common import config
 from ..common.artifact import Artifact
-from ..common.errors import AotcError, BundleError, VersionSkewError
+from ..common.errors import BundleError, CheckFailedError, VersionSkewError
 from ..common.versions import producer_versions
 from .atomic import atomic_write
 
@@ -228,43 +228,54 @@ def _read_member(zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
     return data
 
 
-def merge_bundles(paths: Iterable[str | Path], out: str | Path, *, expect=None) -> dict:
-    """Join bundles into `out` (atomically); returns the manifest.
+@dataclass
+class MergeReport:
+    """What `merge_bundles` wrote: the manifest, and per input (path, kernels it holds, kernels it added)."""
+
+    manifest: dict
+    inputs: list[tuple[str, int, int]]
+
+    def inputs_json(self) -> list[dict]:
+        return [{"path": p, "kernels": n, "new": new} for p, n, new in self.inputs]
+
+
+def merge_bundles(paths: Iterable[str | Path], out: str | Path, *, expect=None) -> MergeReport:
+    """Join bundles into `out` (atomically); returns the manifest written and what each input added.
 
     The same variant in two inputs must have the same sha256. `expect` (variants,
     e.g. a spec's): refuse, writing nothing, unless every one of them is present.
     """
     arts: dict[str, Artifact] = {}
+    inputs: list[tuple[str, int, int]] = []
     for p in paths:
-        for a in read_bundle(p).artifacts:
+        held = read_bundle(p).artifacts
+        new = 0
+        for a in held:
             prev = arts.get(a.variant.name)
             if prev is not None and prev.sha256 != a.sha256:
                 raise BundleError(f"{a.variant.name} differs between bundles (sha256 {prev.sha256[:12]} vs {a.sha256[:12]}) "
                                   f"in {p}", hint="merge only bundles built by the same aotc and DSL versions")
+            new += prev is None
             arts[a.variant.name] = a
+        inputs.append((str(p), len(held), new))
     if expect is not None:
         missing = sorted({v.name for v in expect} - set(arts))
         if missing:
             shown = "\n  ".join(missing[:20]) + (f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else "")
             raise IncompleteError(f"the inputs lack {len(missing)} variant(s) of the spec; {out} not written:\n  {shown}",
                                   hint="a shard failed or is missing: rerun its `aotc build --shard I/N` job")
-    return write_bundle(out, arts.values())
+    return MergeReport(write_bundle(out, arts.values()), inputs)
 
 
-class IncompleteError(AotcError):
+class IncompleteError(CheckFailedError):
     """A merge that misses variants it was told to expect (exit code 1: a check failed)."""
-
-    exit_code = 1
 
 
 def default_bundle_files() -> list[Path]:
-    """Bundles named by AOTC_BUNDLE_PATH (files, or directories searched for *.aotc)."""
+    """Bundles named by AOTC_BUNDLE_PATH (files, or directories searched for *.aotc), missing ones included."""
     found = []
     for p in config.bundle_path():
-        if p.is_dir():
-            found.extend(sorted(p.glob("*.aotc")))
-        elif p.exists():
-            found.append(p)
+        found.extend(sorted(p.glob("*.aotc")) if p.is_dir() else [p])
     return found
 
 
@@ -321,8 +332,12 @@ def installed_bundles() -> list[FoundBundle]:
 
 
 def discover_bundles(*, env: bool = True, installed: bool = True) -> list[FoundBundle]:
-    """AOTC_BUNDLE_PATH bundles first, then installed ones; one entry per file."""
-    found = [FoundBundle(p, "AOTC_BUNDLE_PATH") for p in default_bundle_files()] if env else []
+    """AOTC_BUNDLE_PATH bundles first, then installed ones; one entry per file.
+
+    An AOTC_BUNDLE_PATH entry that names nothing is a FoundBundle with an error (loading it is an
+    error, as a broken installed bundle is), never skipped: a typo there must not go unnoticed."""
+    found = [FoundBundle(p, "AOTC_BUNDLE_PATH", "" if p.is_file() else f"{p}: no such file or directory")
+             for p in default_bundle_files()] if env else []
     if installed:
         found += installed_bundles()
     out, seen = [], set()
