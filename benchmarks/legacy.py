@@ -108,6 +108,8 @@ class LegacyDecode:
             "lp_stride_split": rows, "lp_stride_b": H_q * S_q, "lp_stride_h": S_q, "lp_stride_s": 1,
         }
         self.launcher = PreparedLaunch(kernel, (self.splits, H_kv, B), q.get_device(), values)
+        # the launch writes through these pointers at every call: keep the tensors alive with the plan
+        self._tensors = (q, k, v, out, seqlens, page_table)
 
     def __call__(self, stream: int) -> None:
         self.launcher.launch(stream)
