@@ -148,41 +148,44 @@ class KvChunks:
         return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
 
     @cute.jit
-    def load_round(self, nb, seqlens_kv, r0, batch, max_pages, lane):
-        """nb[i] = kv blocks of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch): a round of
+    def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane):
+        """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch): a round of
         32 * SEQS_PER_LANE sequences, consecutive ones in each lane, the loads independent."""
         for i in cutlass.range_constexpr(SEQS_PER_LANE):
             b = r0 + SEQS_PER_LANE * lane + i
-            nb[i] = Int32(0)
+            nt[i] = Int32(0)
             if b < batch:
-                nb[i] = self.kv_blocks(seqlens_kv, b, max_pages)
+                nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
 
     @cute.jit
     def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane):
         """(seq, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot) of chunk `chunk`: its sequence
         (-1 past the last chunk) and that sequence's keys, the chunk's key range [lo, hi), the sequence's
         chunk count, and where its chunks are (full chunk j is chunk first_full + j; its partial chunk,
-        if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp.
+        if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp. Every value is
+        the same over the warp, and marked so (the kernel's addresses derive from them).
 
         The lengths are read in rounds of ROUND sequences held in registers; a batch of one round (B <=
-        128) is read once for all three passes (the pass count is the latency at the start of every CTA)."""
-        nb = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        128) is read once for all three passes (their latency is paid at the start of every CTA)."""
+        bn = self.block_n
+        nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         w = Int32(0)
         for r0 in range(0, batch, ROUND):
-            self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+            self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + nb[i]
+                w = w + (nt[i] + (bn - 1)) // bn
         w = _warp_sum(w)
         c = cutlass.max(Int32(self.min_chunk_blocks), (w + (target_chunks - 1)) // target_chunks)
         f = Int32(0)
         for r0 in range(0, batch, ROUND):
-            if batch > ROUND:  # else nb holds the one round already
-                self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+            if batch > ROUND:  # else nt holds the one round already
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                f = f + nb[i] // c
+                f = f + (nt[i] + (bn - 1)) // bn // c
         f_total = _warp_sum(f)
 
         seq = Int32(-1)
+        s_kv = Int32(0)
         j = Int32(0)
         full = Int32(0)
         first_full = Int32(0)
@@ -190,28 +193,28 @@ class KvChunks:
         partial_slot = Int32(0)
         has_partial = Int32(0)
         base = Int32(0)  # full chunks (high 16 bits) and partial chunks (low 16) of the earlier rounds
+        fbv = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        pbv = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         for r0 in range(0, batch, ROUND):
             if batch > ROUND:
-                self.load_round(nb, seqlens_kv, r0, batch, max_pages, lane)
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
             mine = Int32(0)  # this lane's sequences' (full << 16) + partial chunk counts
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                fb = nb[i] // c
-                pb = Int32(0)
+                nb = (nt[i] + (bn - 1)) // bn
+                fbv[i] = nb // c
+                pbv[i] = Int32(0)
                 if r0 + SEQS_PER_LANE * lane + i < batch:
-                    if nb[i] - fb * c > 0 or nb[i] == 0:
-                        pb = Int32(1)
-                mine = mine + (fb << 16) + pb
+                    if nb - fbv[i] * c > 0 or nb == 0:
+                        pbv[i] = Int32(1)
+                mine = mine + (fbv[i] << 16) + pbv[i]
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine
             ex_f = ex >> 16
             ex_p = ex & 0xFFFF
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
                 b = r0 + SEQS_PER_LANE * lane + i
-                fb = nb[i] // c
-                pb = Int32(0)
-                if b < batch:
-                    if nb[i] - fb * c > 0 or nb[i] == 0:
-                        pb = Int32(1)
+                fb = fbv[i]
+                pb = pbv[i]
                 slot_p = f_total + ex_p
                 if chunk >= ex_f and chunk < ex_f + fb:
                     seq = b
@@ -221,6 +224,7 @@ class KvChunks:
                     seq = b
                     j = fb
                 if seq == b:
+                    s_kv = nt[i]
                     first_full = ex_f
                     n_full = fb
                     partial_slot = slot_p
@@ -231,22 +235,23 @@ class KvChunks:
         # one lane at most found the chunk: broadcast what it found (past the last chunk, no lane did)
         hit = cute.arch.vote_ballot_sync(seq >= 0)
         src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
-        seq = cute.arch.shuffle_sync(seq, src)
-        j = cute.arch.shuffle_sync(j, src)
-        full = cute.arch.shuffle_sync(full, src)
-        first_full = cute.arch.shuffle_sync(first_full, src)
-        n_full = cute.arch.shuffle_sync(n_full, src)
-        partial_slot = cute.arch.shuffle_sync(partial_slot, src)
-        has_partial = cute.arch.shuffle_sync(has_partial, src)
-        s_kv = Int32(0)
-        lo = Int32(0)
-        hi = Int32(0)
+
+        def bcast(x):
+            return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(x, src))
+
+        seq = bcast(seq)
+        s_kv = bcast(s_kv)
+        j = bcast(j)
+        full = bcast(full)
+        first_full = bcast(first_full)
+        n_full = bcast(n_full)
+        partial_slot = bcast(partial_slot)
+        has_partial = bcast(has_partial)
+        c = cute.arch.make_warp_uniform(c)
+        lo = j * c * bn
+        hi = s_kv
         if hit == 0:
             seq = Int32(-1)
-        else:
-            s_kv = self.kv_tokens(seqlens_kv, seq, max_pages)
-            lo = j * c * self.block_n
-            hi = s_kv
-            if full != 0:
-                hi = cutlass.min(lo + c * self.block_n, s_kv)
+        elif full != 0:
+            hi = cutlass.min(lo + c * bn, s_kv)
         return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
