@@ -283,15 +283,17 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         V.dtype(pt, "page_table", ("int32",))
         V.ndim(pt, "page_table", 2, "B, max_pages")
         V.dim(pt, "page_table", 0, "B", batch, "from q")
+        V.int32_extent(pt.shape[1], "page_table.shape[1]")  # max_pages, an i32 parameter
         if max_seqlen_kv is not None and pt.shape[1] * page < max_seqlen_kv:
             raise ArgumentError("page_table.shape[1]", pt.shape[1],
-                                f"at least ceil(max_seqlen_kv / page_size) = {math.ceil(max_seqlen_kv / page)} pages")
+                                f"at least ceil(max_seqlen_kv / page_size) = {-(-max_seqlen_kv // page)} pages")
         V.aligned(pt, "page_table", 4)
         tensors["page_table"] = pt
     elif max_seqlen_kv is not None and k.shape[1] < max_seqlen_kv:
         raise ArgumentError("k_cache.shape[1]", k.shape[1], f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
     if ls is not None:
         V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)), "from q")
+        V.no_self_overlap(ls, "lse")
         tensors["lse"] = ls
     V.cuda_device(tensors, device)
     for name in ("q", "k_cache", "v_cache", "out"):
@@ -299,8 +301,11 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         V.unit_stride(x, name, 3)
         V.aligned(x, name, 16)
         V.stride_multiple(x, name, range(3), 8)
-    V.distinct_elements(o, "out")
+    V.no_self_overlap(o, "out")
     V.int32_extent(batch, "B")
+    if seqlen_q * heads_q > V.INT32_MAX:  # a sequence's rows, 32-bit in the kernel (heads_q an i32 parameter)
+        raise ArgumentError("H_q", heads_q, f"at most {V.INT32_MAX // seqlen_q} (S_q * H_q rows of a sequence "
+                                            "are 32-bit in the kernel)")
     if batch > MAX_GRID_Y - 1 or heads_kv > MAX_GRID_Y:
         raise ArgumentError("B" if batch > MAX_GRID_Y - 1 else "H_kv", max(batch, heads_kv),
                             f"below {MAX_GRID_Y} (grid limit)")
