@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from aotc.common.errors import ArgumentError, ArgumentTypeError  # noqa: E402
-from aotc.runtime import tensors as T  # noqa: E402
+from aotc.runtime import dlpack as T  # noqa: E402  (the DLPack calling-convention cache)
 from aotc.runtime.tensors import DTYPES, TensorArg, as_stream, as_tensor, tensor  # noqa: E402
 
 NP_DTYPES = {
@@ -657,8 +657,11 @@ def test_as_stream_bad_protocols():
 # --------------------------------------------------------------------------- import hygiene
 
 
-def test_module_imports_only_stdlib():
-    tree = ast.parse((ROOT / "aotc" / "runtime" / "tensors.py").read_text())
+@pytest.mark.parametrize("module,sibling", [("tensors", "dlpack"), ("dlpack", "tensors")])
+def test_module_imports_only_stdlib(module, sibling):
+    """The tensor adapter (tensors.py and dlpack.py) imports the standard library, aotc.common.errors and
+    its other half, nothing else."""
+    tree = ast.parse((ROOT / "aotc" / "runtime" / f"{module}.py").read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -669,8 +672,11 @@ def test_module_imports_only_stdlib():
     assert "aotc" in imported  # aotc.common.errors
     imported.discard("aotc")
     assert imported <= sys.stdlib_module_names, imported - sys.stdlib_module_names
-    aotc_imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module.startswith("aotc")}
+    aotc_imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0
+                    and n.module.startswith("aotc")}
     assert aotc_imports == {"aotc.common.errors"}
+    relative = {(n.level, n.module) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert relative == {(1, sibling)}, relative
 
 
 def test_import_leaves_heavy_modules_out():

@@ -284,15 +284,17 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         V.dtype(pt, "page_table", ("int32",))
         V.ndim(pt, "page_table", 2, "B, max_pages")
         V.dim(pt, "page_table", 0, "B", batch, "from q")
+        V.int32_extent(pt.shape[1], "page_table.shape[1]")  # max_pages, an i32 parameter
         if max_seqlen_kv is not None and pt.shape[1] * page < max_seqlen_kv:
             raise ArgumentError("page_table.shape[1]", pt.shape[1],
-                                f"at least ceil(max_seqlen_kv / page_size) = {math.ceil(max_seqlen_kv / page)} pages")
+                                f"at least ceil(max_seqlen_kv / page_size) = {-(-max_seqlen_kv // page)} pages")
         V.aligned(pt, "page_table", 4)
         tensors["page_table"] = pt
     elif max_seqlen_kv is not None and k.shape[1] < max_seqlen_kv:
         raise ArgumentError("k_cache.shape[1]", k.shape[1], f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
     if ls is not None:
         V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)), "from q")
+        V.no_self_overlap(ls, "lse")
         tensors["lse"] = ls
     V.cuda_device(tensors, device)
     for name in ("q", "k_cache", "v_cache", "out"):
@@ -300,11 +302,14 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         V.unit_stride(x, name, 3)
         V.aligned(x, name, 16)
         V.stride_multiple(x, name, range(3), 8)
-    V.distinct_elements(o, "out")
+    V.no_self_overlap(o, "out")
     V.int32_extent(batch, "B")
     if batch >= MAX_CHUNK_SLOTS or heads_kv > 65535:
         raise ArgumentError("B" if batch >= MAX_CHUNK_SLOTS else "H_kv", max(batch, heads_kv),
                             f"B below {MAX_CHUNK_SLOTS} (the chunk schedule's limit), H_kv at most 65535")
+    if seqlen_q * heads_q > V.INT32_MAX:  # a sequence's rows, 32-bit in the kernel (heads_q an i32 parameter)
+        raise ArgumentError("H_q", heads_q, f"at most {V.INT32_MAX // seqlen_q} (S_q * H_q rows of a sequence "
+                                            "are 32-bit in the kernel)")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})},
                  {"q": q, "k_cache": k, "v_cache": v, "seqlens_kv": sl, **({"page_table": pt} if pt else {})})
     return DecodeShape(batch, seqlen_q, heads_q, head_dim, heads_kv, page,

@@ -69,6 +69,24 @@ def distinct_elements(t: TensorArg, name: str) -> None:
             seen.add(abs(s))
 
 
+def no_self_overlap(t: TensorArg, name: str) -> None:
+    """An output must give every element its own address. Accepted: layouts that nest, i.e. taken in order
+    of |stride|, each dimension (extent > 1) steps past the farthest offset the dimensions before it reach,
+    as every view of one dense buffer does (stepped slices, flips, permutations). Refused, naming the first
+    dimension that does not: a zero stride, two dims with one |stride|, rows that overlap (head stride 8
+    with D = 128). A few interleavings whose elements happen not to collide are refused too: the check
+    stays O(ndim log ndim) whatever the extents."""
+    if any(n == 0 for n in t.shape):
+        return
+    reach = 0
+    for step, n, axis in sorted((abs(s), n, axis) for axis, (n, s) in enumerate(zip(t.shape, t.strides)) if n > 1):
+        if step <= reach:
+            raise ArgumentError(f"{name}.stride[{axis}]", t.strides[axis],
+                                f"a distinct address per element: |stride| above {reach}, the farthest offset the "
+                                "dims with smaller strides reach (an output cannot be a broadcast or overlap itself)")
+        reach += step * (n - 1)
+
+
 def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for n in reversed(shape):
