@@ -36,7 +36,6 @@ def cache_ls():
     """One line per entry: key, state and variant; entries made by other aotc/DSL versions are marked
     stale with the versions that made them (this aotc never looks them up; `aotc cache gc` ages them out)."""
     from ..storage.cache import Cache
-    from ..build.compile import cache_key
     from ..common.versions import producer_versions
 
     c = Cache()
@@ -46,19 +45,20 @@ def cache_ls():
         if art is None:
             click.echo(f"{key[:16]}  {status.state:<8} {status.reason}")
             continue
-        state, extra = status.state, ""
-        if cache_key(art.variant) not in (None, key):
-            made = art.info.get("versions", {})
+        extra = ""
+        if status.state == "stale":
+            made = art.info.get("versions", {}) if isinstance(art.info.get("versions"), dict) else {}
             diff = {k: v for k, v in made.items() if here.get(k) != v}
-            state, extra = "stale", "  (made by " + ", ".join(f"{k} {v}" for k, v in sorted(diff.items())) + \
-                "; rebuild with `aotc build`)"
-        click.echo(f"{key[:16]}  {state:<8} {art.variant.name}{extra}")
+            extra = "  (made by " + (", ".join(f"{k} {v}" for k, v in sorted(diff.items())) or "other kernel sources") \
+                + "; rebuild with `aotc build`)"
+        click.echo(f"{key[:16]}  {status.state:<8} {art.variant.name}{extra}")
 
 
 @cache.command("verify")
 @click.option("--no-repair", is_flag=True, help="report only; leave bad entries in place")
 def cache_verify(no_repair):
-    """Check every entry's sha256 and files; bad entries are quarantined (rebuilt on next use)."""
+    """Check every entry (its files, sha256, and its cubin against meta.json and the arch's limits); bad
+    entries are quarantined (rebuilt on next use). Stale entries (other aotc/DSL versions) are not bad."""
     from ..storage.cache import Cache
 
     c = Cache()
