@@ -6,7 +6,6 @@ user's real cache or inherit a setting from the shell.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import subprocess
@@ -94,45 +93,48 @@ def real_artifacts(tmp_path_factory):
     return report.artifacts
 
 
-def _synthetic_cubin(tag: str) -> bytes:
-    """Bytes that are not a cubin; used only where the DSL is absent and nothing parses the cubin."""
-    return b"\x7fELF-not-a-cubin:" + hashlib.sha256(tag.encode()).digest() * 8
-
-
 @pytest.fixture
 def fake_artifact(request):
     """Factory: fake_artifact(name_suffix, *, base=0, cubin=None, variant=None, key=None) -> Artifact.
 
-    No compile: the cubin is a real one from ``real_artifacts`` (index ``base``)
-    with the suffix appended (so every fake has its own bytes and sha256, and
-    still parses as an ELF of the base's arch); without the DSL it is synthetic.
-    The variant is the base's variant plus a ``tag`` field, the key the sha256
-    of the suffix.
+    No compile, and honest in everything aotc checks (aotc.common.checks): the cubin is a real one
+    from ``real_artifacts`` (index ``base``) with the suffix appended (so every fake has its own bytes
+    and sha256, and is still the base's kernel for the base's arch); symbol, ABI and launch facts are
+    what the family gives. The variant is, per test, the next unused sdpa_combine variant of the base's
+    arch (the base's own first); the key is the one this aotc computes for it. Needs the DSL.
     """
-    from aotc.common.artifact import Artifact, sha256_hex
-    from aotc.families import get_family
-    from aotc.common.variant import Variant
+    import itertools
 
-    real = request.getfixturevalue("real_artifacts") if HAVE_DSL else None
+    from aotc.build.compile import cache_key
+    from aotc.common.artifact import Artifact, sha256_hex
+    from aotc.common.variant import Variant
+    from aotc.families import get_family
+
+    real = request.getfixturevalue("real_artifacts")  # skips the test without the DSL
+    fam = get_family("sdpa_combine")
+    used: set = set()
+
+    def next_variant(src: Artifact) -> Variant:
+        names = [f.name for f in fam.fields]
+        candidates = [src.variant] + [Variant.make(fam.name, src.variant.arch, **dict(zip(names, combo)))
+                                      for combo in itertools.product(*(f.choices for f in fam.fields))]
+        for v in candidates:
+            if v not in used and fam.why_invalid(dict(v.fields)) is None:
+                return v
+        raise AssertionError(f"more fakes of {src.variant.arch} than sdpa_combine variants")
 
     def make(name_suffix: str, *, base: int = 0, cubin: bytes | None = None, variant=None, key: str | None = None):
-        if real is not None:
-            src = real[base]
-            data = src.cubin + b"\0" + name_suffix.encode() if cubin is None else cubin
-            fields = dict(src.variant.fields)
-            arch = src.variant.arch
-        else:
-            f, arch, fields = REAL_VARIANTS[base]
-            data = _synthetic_cubin(name_suffix) if cubin is None else cubin
-            fields = dict(fields)
+        src = real[base]
+        data = src.cubin + b"\0" + name_suffix.encode() if cubin is None else cubin
         if variant is None:
-            variant = Variant.make("sdpa_combine", arch, tag=name_suffix, **fields)
-        fam = get_family(variant.family)
+            variant = next_variant(src)
+        used.add(variant)
+        fam_v = get_family(variant.family)
         return Artifact(
             variant=variant,
-            key=key if key is not None else hashlib.sha256(f"fake:{name_suffix}".encode()).hexdigest(),
-            abi=fam.abi(variant, f"kernel_{name_suffix}"),
-            launch=fam.launch(variant),
+            key=key if key is not None else cache_key(variant),
+            abi=fam_v.abi(variant, src.abi.symbol),
+            launch=fam_v.launch(variant),
             cubin=data,
             sha256=sha256_hex(data),
             info={"compile_seconds": 0.25, "fake": True},

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import re
@@ -18,7 +19,7 @@ from aotc.storage.bundle import (FORMAT_VERSION, MANIFEST, member_name, merge_bu
                          write_bundle)
 from aotc.storage.cache import Cache
 from aotc.cli import main
-from aotc.common.errors import BundleError, VersionSkewError
+from aotc.common.errors import BundleError, CacheError, VersionSkewError
 from aotc.common.variant import Variant
 from aotc.families.sdpa_combine import params as combine_params
 from aotc.build.spec import load_spec
@@ -412,8 +413,8 @@ def test_merge_of_halves_equals_the_whole(cache_dir, tiny_spec, tmp_path, capsys
 
 def test_merge_of_conflicting_artifacts_errors(tmp_path, real_artifacts, capsys):
     a = real_artifacts[0]
-    # the same variant with other machine code (another sm_90a kernel's cubin)
-    other = dataclasses.replace(real_artifacts[1], variant=a.variant, key=a.key)
+    # the same variant with other machine code (its cubin with a byte more: still a valid cubin)
+    other = dataclasses.replace(a, cubin=a.cubin + b"\0", sha256=hashlib.sha256(a.cubin + b"\0").hexdigest())
     write_bundle(tmp_path / "x.aotc", [a])
     write_bundle(tmp_path / "y.aotc", [other])
     with pytest.raises(BundleError, match=rf"{a.variant.name} differs between bundles .* in {tmp_path / 'y.aotc'}"):
@@ -488,8 +489,12 @@ def test_install_refuses_a_bundle_from_other_versions(tmp_path, cache_dir, real_
 def test_entry_holding_another_variant_is_invalid(cache, real_artifacts):
     a, b = real_artifacts[0], real_artifacts[1]
     forged = dataclasses.replace(b, key=a.key)  # b's cubin and header filed under a's key
-    with cache.locked(a.key):
-        cache.commit(forged)
+    with cache.locked(a.key), pytest.raises(CacheError, match="is not the key of"):
+        cache.commit(forged)  # never written by aotc; planted by hand below
+    d = cache.entry_dir(a.key)
+    d.mkdir(parents=True)
+    (d / "kernel.cubin").write_bytes(forged.cubin)
+    (d / "meta.json").write_text(json.dumps(forged.header()))
     assert cache.load(a.key, a.variant) is None
     assert cache.stats()["invalid"] == 1
     art, created = cache.get_or_create(a.key, a.variant, lambda: a)

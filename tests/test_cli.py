@@ -188,11 +188,14 @@ def test_errors_become_exit_codes_and_messages(cache_dir, tmp_path, capsys):
 def test_cache_ls_marks_entries_from_other_versions(cache_dir, real_artifacts, capsys):
     import dataclasses
 
+    from aotc.common.keys import key_from_parts
     from aotc.storage.cache import Cache
 
     art = real_artifacts[0]
-    old = dataclasses.replace(art, key="f" * 64, info={**art.info, "versions": {**art.info["versions"],
-                                                                                "nvidia-cutlass-dsl": "4.0.0"}})
+    parts = {**art.info["key_parts"], "dsl": {**art.info["key_parts"]["dsl"], "nvidia-cutlass-dsl": "4.0.0"}}
+    old = dataclasses.replace(art, key=key_from_parts(art.variant, parts),
+                              info={**art.info, "key_parts": parts,
+                                    "versions": {**art.info["versions"], "nvidia-cutlass-dsl": "4.0.0"}})
     c = Cache()
     with c.locked(old.key):
         c.commit(old)

@@ -6,39 +6,36 @@ targets any arch from any machine.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import tempfile
 import time
 
 from .. import __version__
 from ..common import config, cubin
 from ..common.artifact import Artifact, sha256_hex
+from ..common.keys import COMPILE_OPTIONS, key_from_parts
 from ..common.errors import CompileError
 from ..families import get_family
 from ..common.variant import Variant
 from ..common.versions import dsl_versions, producer_versions
 
-# Options every compile passes besides --gpu-arch; part of the cache key.
-COMPILE_OPTIONS = ""
+# The key's definition lives in aotc.common.keys (the runtime recomputes keys too); the build computes it
+# here from this module's names (COMPILE_OPTIONS, __version__, dsl_versions), reading the sources afresh.
+
+
+def key_parts(variant: Variant) -> dict | None:
+    """This aotc's key parts for `variant` (aotc.common.keys), the family's sources read afresh; None
+    when the DSL's versions are unknown (do not persist)."""
+    dsl = dsl_versions()
+    if not dsl:
+        return None
+    return {"family_source": get_family(variant.family).source_digest(), "aotc": __version__,
+            "dsl": dict(dsl), "options": COMPILE_OPTIONS}
 
 
 def cache_key(variant: Variant) -> str | None:
     """sha256 over everything that changes the cubin; None when something is unknown (do not persist)."""
-    dsl = dsl_versions()
-    if not dsl:
-        return None
-    fam = get_family(variant.family)
-    parts = {
-        "layout": "aotc-cache-v1",
-        "variant": variant.to_json(),  # family, arch and every code-changing field
-        "family_source": fam.source_digest(),  # kernel and family description source files
-        "aotc": __version__,
-        "dsl": dsl,  # every nvidia-cutlass-dsl* distribution and version
-        "arch": variant.arch,
-        "options": COMPILE_OPTIONS,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    parts = key_parts(variant)
+    return None if parts is None else key_from_parts(variant, parts)
 
 
 def compile_variant(variant: Variant, key: str | None = None, *, tile=None, check_sources: bool = True) -> Artifact:
@@ -50,7 +47,9 @@ def compile_variant(variant: Variant, key: str | None = None, *, tile=None, chec
     matches the sources after the compile is refused."""
     config.disable_dsl_cache()
     fam = get_family(variant.family)
-    key = key or cache_key(variant) or ""
+    parts = key_parts(variant)
+    own_key = None if parts is None else key_from_parts(variant, parts)
+    key = key or own_key or ""
     try:
         module = fam.compile_module()
     except ImportError as e:
@@ -97,5 +96,8 @@ def compile_variant(variant: Variant, key: str | None = None, *, tile=None, chec
             "static_smem": kinfo.static_smem,
             "ptxas": built.ptxas_level,
             "versions": producer_versions(),
+            # what the key is made of, so readers can recompute it from the variant; None: a key of the
+            # caller's own (a tuning build), which is not a cache key
+            "key_parts": parts if key == own_key else None,
         },
     )

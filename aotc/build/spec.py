@@ -25,10 +25,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from ..common.errors import SpecError
+from ..common.untrusted import UntrustedInput, read_regular_file
 from ..families import KNOWN_ARCHS, get_family
 from ..common.variant import Variant
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "data" / "default.toml"
+MAX_SPEC_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,16 @@ def load_spec(path: str | Path | None = None) -> Spec:
     """Read and enumerate a spec file; None means the embedded default spec."""
     path = Path(path) if path is not None else DEFAULT_SPEC
     try:
-        text = path.read_text()
+        data = read_regular_file(path, MAX_SPEC_BYTES, f"spec {str(path)!r}")
+    except UntrustedInput as e:
+        raise SpecError(str(e)) from None
     except OSError as e:
-        raise SpecError(f"cannot read spec {str(path)!r}: {e.strerror}") from None
+        raise SpecError(f"cannot read spec {str(path)!r}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")  # TOML is UTF-8; a byte-order mark some editors write is allowed
+    except UnicodeDecodeError as e:
+        raise SpecError(f"spec {str(path)!r} is not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})",
+                        hint="save the spec as UTF-8") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -71,6 +80,9 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
         ctx = f"{where}: [[family]] #{i + 1}"
         if not isinstance(table, dict) or "name" not in table:
             raise SpecError(f"{ctx}: missing 'name'")
+        if not isinstance(table["name"], str):
+            raise SpecError(f"{ctx}: name = {table['name']!r}: expected one family name, a string "
+                            f"(one [[family]] table per family)")
         try:
             fam = get_family(table["name"])
         except KeyError as e:
@@ -98,6 +110,9 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
                 choices = list(KNOWN_ARCHS) if key == "arch" else list(fam.field(key).choices)
                 if value not in choices or type(value) is not type(choices[0]):
                     raise SpecError(f"{ctx}: exclude {key} = {value!r} is not one of {choices}")
+        distinct = {frozenset(ex.items()) for ex in excludes}
+        if len(distinct) != len(excludes):
+            raise SpecError(f"{ctx}: an exclude table is listed more than once")
         lists = []
         for f in fam.fields:
             values = _as_list(table.get(f.name), f"{ctx}: {f.name}")
@@ -129,6 +144,14 @@ def _as_list(value: Any, ctx: str) -> list | None:
     if isinstance(value, list):
         if not value:
             raise SpecError(f"{ctx}: empty list")
+        # a value listed twice is a mistake, and copies multiply: 100 copies in each of five fields
+        # would make 10^10 combinations to enumerate
+        seen: set = set()
+        for v in value:
+            ident = (type(v), v) if isinstance(v, (str, int, bool, float)) else (type(v), id(v))
+            if ident in seen:
+                raise SpecError(f"{ctx}: {v!r} is listed more than once")
+            seen.add(ident)
         return value
     if isinstance(value, (str, int, bool)):
         return [value]

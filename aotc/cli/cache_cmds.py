@@ -52,7 +52,6 @@ def cache_ls(as_json):
     """One line per entry: key, state and variant; entries made by other aotc/DSL versions are marked
     stale with the versions that made them (this aotc never looks them up; `aotc cache gc` ages them out)."""
     from ..storage.cache import Cache
-    from ..build.compile import cache_key
     from ..common.versions import producer_versions
 
     rows = []
@@ -64,16 +63,16 @@ def cache_ls(as_json):
         row = {"key": key, "state": status.state, "reason": status.reason, "variant": None, "made_by": None}
         if art is not None:
             row["variant"] = art.variant.name
-            if cache_key(art.variant) not in (None, key):
-                made = art.info.get("versions", {})
-                row["state"], row["made_by"] = "stale", {k: v for k, v in made.items() if here.get(k) != v}
+            if status.state == "stale":  # valid, but not this aotc's key for its variant
+                made = art.info.get("versions") if isinstance(art.info.get("versions"), dict) else {}
+                row["made_by"] = {k: v for k, v in made.items() if here.get(k) != v}
         rows.append(row)
         if as_json:
             continue
         if art is None:
             output.echo(f"{key[:16]}  {row['state']:<8} {row['reason']}")
         elif row["made_by"] is not None:
-            made = ", ".join(f"{k} {v}" for k, v in sorted(row["made_by"].items()))
+            made = ", ".join(f"{k} {v}" for k, v in sorted(row["made_by"].items())) or "other kernel sources"
             output.echo(f"{key[:16]}  stale    {row['variant']}  (made by {made}; rebuild with `aotc build`)")
         else:
             output.echo(f"{key[:16]}  {row['state']:<8} {row['variant']}")
@@ -85,7 +84,8 @@ def cache_ls(as_json):
 @click.option("--no-repair", is_flag=True, help="report only; leave bad entries in place")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def cache_verify(no_repair, as_json):
-    """Check every entry's sha256 and files; bad entries are quarantined (rebuilt on next use).
+    """Check every entry (its files, sha256, and its cubin against meta.json and the arch's limits); bad
+    entries are quarantined (rebuilt on next use). Stale entries (other aotc/DSL versions) are not bad.
 
     Exits 1 when bad entries were found, 4 when some could not be quarantined (the cache or its lock
     directory is not writable here): only entries actually moved are reported quarantined."""

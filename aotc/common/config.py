@@ -1,8 +1,16 @@
 """Every environment variable aotc reads, declared once with its type and default."""
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
+
+from .errors import ConfigError
+
+# the longest AOTC_LOCK_TIMEOUT accepted: a day is longer than any compile; "wait forever" is not offered,
+# since a hung holder would hang every build behind it
+MAX_LOCK_TIMEOUT = 24 * 3600.0
 
 
 def _flag(name: str) -> bool:
@@ -29,8 +37,25 @@ def lock_dir() -> Path | None:
 
 
 def lock_timeout() -> float:
-    """AOTC_LOCK_TIMEOUT seconds to wait for another process's compile of the same key (default 600)."""
-    return float(os.environ.get("AOTC_LOCK_TIMEOUT", "600"))
+    """AOTC_LOCK_TIMEOUT seconds to wait for another process's compile of the same key (default 600;
+    unset or empty: the default; 0: try once; at most MAX_LOCK_TIMEOUT)."""
+    text = os.environ.get("AOTC_LOCK_TIMEOUT", "").strip()
+    if not text:
+        return 600.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    return check_lock_timeout(value, f"AOTC_LOCK_TIMEOUT={text!r}")
+
+
+def check_lock_timeout(value: float, what: str = "lock timeout") -> float:
+    """A finite number of seconds in [0, MAX_LOCK_TIMEOUT]; anything else (negative, inf, nan) is a
+    ConfigError: filelock reads a negative timeout as "wait forever"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_LOCK_TIMEOUT:
+        raise ConfigError(f"{what}: expected seconds between 0 and {MAX_LOCK_TIMEOUT:g}",
+                          hint="e.g. AOTC_LOCK_TIMEOUT=600 (0 tries the lock once)")
+    return float(value)
 
 
 def no_compile() -> bool:
@@ -45,8 +70,8 @@ def bundle_path() -> list[Path]:
 
 
 def max_member_bytes() -> int:
-    """AOTC_BUNDLE_MAX_MEMBER_BYTES: largest cubin a bundle may hold (default 256 MiB)."""
-    return int(os.environ.get("AOTC_BUNDLE_MAX_MEMBER_BYTES", str(256 << 20)))
+    """AOTC_BUNDLE_MAX_MEMBER_BYTES: largest cubin a bundle (or a cache entry) may hold (default 256 MiB)."""
+    return _byte_count("AOTC_BUNDLE_MAX_MEMBER_BYTES", 256 << 20)
 
 
 def dask_scheduler() -> str | None:
@@ -78,4 +103,20 @@ def test_worker_setup() -> str:
 
 def max_bundle_bytes() -> int:
     """AOTC_BUNDLE_MAX_BYTES: largest total uncompressed size of a bundle (default 4 GiB)."""
-    return int(os.environ.get("AOTC_BUNDLE_MAX_BYTES", str(4 << 30)))
+    return _byte_count("AOTC_BUNDLE_MAX_BYTES", 4 << 30)
+
+
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_UNIT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _byte_count(name: str, default: int) -> int:
+    """A byte count: digits with an optional binary unit (4096, 64k, 10M, 4G, 4GiB); unset or empty: default."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise ConfigError(f"{name}={text!r}: expected a byte count such as 268435456, 256M or 4G",
+                          hint=f"unset {name} for the default ({default} bytes)")
+    return int(m.group(1)) * _UNIT[m.group(2).lower()]

@@ -38,6 +38,12 @@ class SpecError(UsageError):
     kind = "spec"
 
 
+class ConfigError(AotcError):
+    """An environment variable with a value aotc cannot use; the message names the variable and the value."""
+
+    exit_code = 2
+
+
 class CompileError(AotcError):
     exit_code = 3
     kind = "compile"

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
+# what a variant field's value may be (bool before int: isinstance(True, int) holds, so types are compared exactly)
+SCALAR_TYPES = (str, int, bool)
+
+
 @dataclass(frozen=True, order=True)
 class Variant:
     family: str
@@ -31,8 +35,18 @@ class Variant:
 
     @classmethod
     def from_json(cls, d: dict) -> "Variant":
-        d = dict(d)
-        return cls.make(str(d.pop("family")), str(d.pop("arch")), **d)
+        """Rebuild from to_json()'s record; raises ValueError unless family and arch are strings and every
+        other value is a scalar (a list or an object would make the variant unhashable)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a variant must be a JSON object, got {type(d).__name__}")
+        family, arch = d.get("family"), d.get("arch")
+        if not isinstance(family, str) or not isinstance(arch, str):
+            raise ValueError(f"a variant needs string 'family' and 'arch', got {family!r} and {arch!r}")
+        fields = {k: v for k, v in d.items() if k not in ("family", "arch")}
+        for k, v in fields.items():
+            if type(v) not in SCALAR_TYPES:
+                raise ValueError(f"variant field {k!r} = {_clip(v)}: expected a string, integer or boolean")
+        return cls.make(family, arch, **fields)
 
     def canonical(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -48,3 +62,8 @@ def _short(v: Any) -> str:
     if isinstance(v, bool):
         return "1" if v else "0"
     return str(v)
+
+
+def _clip(v: Any, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."

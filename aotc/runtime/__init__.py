@@ -28,7 +28,10 @@ __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
 class Runtime:
     """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields."""
 
-    def __init__(self, artifacts: Iterable[Artifact], sources: list[str] | None = None):
+    def __init__(self, artifacts: Iterable, sources: list[str] | None = None):
+        """artifacts: Artifacts, or bundle members (aotc.storage.bundle_reader.BundleMember) whose bytes
+        are read and checked when the kernel is first loaded into the driver."""
+        from ..common.checks import same_params
         from ..families import all_families
         from .loader import LoadedKernel
 
@@ -38,17 +41,18 @@ class Runtime:
         # had another ABI, e.g. an old cache entry or bundle): never launched, named when nothing else fits
         self.other_abi: list[str] = []
         families = all_families()
-        seen: dict[tuple, LoadedKernel] = {}
-        for art in artifacts:
+        seen: set[tuple] = set()
+        for item in artifacts:
+            art, read = (item, None) if isinstance(item, Artifact) else (item.artifact, item.read)
             ident = (art.variant, art.sha256)
             if ident in seen:
                 continue
             fam = families.get(art.variant.family)
-            if fam is not None and tuple(art.abi.params) != tuple(fam.params(art.variant)):
+            if fam is not None and not same_params(art.abi.params, fam.params(art.variant)):
                 self.other_abi.append(art.variant.name)
                 continue
-            seen[ident] = k = LoadedKernel(art)
-            self.kernels.setdefault(art.variant.family, []).append(k)
+            seen.add(ident)
+            self.kernels.setdefault(art.variant.family, []).append(LoadedKernel(art, read))
         self.plans: dict = {}  # layout key -> prepared plan, for the one-call APIs
         self._lock = threading.Lock()
         self.load_seconds = 0.0
@@ -201,39 +205,45 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
          check_arch: bool = True) -> Runtime:
     """Load bundles into a Runtime.
 
-    With paths: those bundles (plus the cache when cache=True, installed
-    bundles when installed=True). With no path, everything this machine has,
-    in this order of preference (a variant found twice with different bytes is
-    served from the first place):
+    With paths (bundle files, or directories whose *.aotc bundles load in name order): those bundles
+    (plus the cache when cache=True, installed bundles when installed=True). With no path, everything
+    this machine has, in this order of preference (a variant found twice with different bytes is served
+    from the first place):
 
     1. the bundles on AOTC_BUNDLE_PATH (files, or directories of *.aotc);
     2. installed bundles: every ``aotc.bundles`` entry point of an installed
        distribution (``aotc bundle wheel`` makes such wheels);
-    3. every verified entry of the local cache (AOTC_CACHE_DIR).
+    3. every verified entry of the local cache (AOTC_CACHE_DIR) whose key this aotc computes for its
+       variant (entries of other aotc, DSL or kernel-source versions are stale and never served).
 
-    cache=False / installed=False leave those out. Every artifact's sha256 is
-    checked on load; cubins go into the driver lazily, on first launch, so
-    loading needs no GPU. Raises BundleError for an unreadable bundle (a broken
-    installed one names its entry point) and RuntimeLoadError when nothing is
-    found.
+    cache=False / installed=False leave those out. A bundle's directory and manifest are checked here
+    (structure, sizes, duplicates, variant fields, keys, launch limits); each member's bytes are read,
+    sha256-checked and checked as a cubin when its kernel is first loaded into the driver, and one that
+    fails is a RuntimeLoadError naming it, before any launch. Loading needs no GPU. Raises BundleError
+    for an unreadable bundle (a broken installed one names its entry point) and RuntimeLoadError when
+    nothing is found.
     """
-    from ..storage.bundle import discover_bundles, read_bundle
     from ..common.errors import BundleError
+    from ..storage.bundle_reader import open_bundle
 
     t0 = time.perf_counter()
     if sources:
-        found = [(Path(s), str(s)) for s in sources]
+        found = [(p, str(p)) for s in sources for p in _bundle_files(Path(s))]
         use_cache, use_installed = bool(cache), bool(installed)
         if use_installed:
+            from ..storage.bundle import discover_bundles
+
             found += _installed(discover_bundles(env=False, installed=True))
     else:
+        from ..storage.bundle import discover_bundles
+
         use_cache = cache is not False
         found = _installed(discover_bundles(env=True, installed=installed is not False))
-    artifacts: list[Artifact] = []
+    members: list = []
     names = []
     for p, origin in found:
         try:
-            artifacts.extend(read_bundle(p, check_arch=check_arch).artifacts)
+            members.extend(open_bundle(p, check_arch=check_arch).members)
         except BundleError as e:
             if origin != str(p) and origin not in str(e):
                 e.args = (f"{e.args[0]} (found through {origin})",) + e.args[1:]
@@ -243,23 +253,32 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
         from ..storage.cache import Cache
 
         c = Cache()
-        n = len(artifacts)
-        for key in c.keys():
-            art = c.load(key, count=False)
-            if art is not None:
-                artifacts.append(art)
-        if len(artifacts) > n:
+        current = c.current_artifacts()
+        if current:
+            members.extend(current)
             names.append(str(c.root))
-    if not artifacts:
+    if not members:
         where = ("the given bundles hold none" if sources else
                  "nothing on AOTC_BUNDLE_PATH, no installed aotc.bundles entry point")
         raise RuntimeLoadError(f"no kernels to load: {where}" + ("" if use_cache else ", and cache=False")
                                + (", and an empty cache" if use_cache else ""),
                                hint="aotc.runtime.load('artifacts/default.aotc') after `make build`, set "
                                     "AOTC_BUNDLE_PATH, or pip install a wheel made by `aotc bundle wheel`")
-    rt = Runtime(artifacts, names)
+    rt = Runtime(members, names)
     rt.load_seconds = time.perf_counter() - t0
     return rt
+
+
+def _bundle_files(path: Path) -> list[Path]:
+    """A bundle path as given, or a directory's *.aotc files in name order (BundleError when it has none)."""
+    if not path.is_dir():
+        return [path]
+    from ..common.errors import BundleError
+
+    files = sorted(p for p in path.glob("*.aotc") if not p.is_dir())
+    if not files:
+        raise BundleError(f"bundle directory {path}: holds no *.aotc bundles")
+    return files
 
 
 def _installed(found) -> list[tuple[Path, str]]:

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
-from ..common import cubin
 from ..common.artifact import Artifact
-from ..common.errors import DriverError, RuntimeLoadError
-from . import driver
-from .driver import check, cu
+from ..common.errors import AotcError, DriverError, RuntimeLoadError
 
 _MAX_DEFAULT_DYNAMIC_SMEM = 48 * 1024
 
@@ -18,10 +16,17 @@ class LoadedKernel:
     A CUlibrary is context-independent, so one load serves every device and
     context of the process; the kernel handle is launched directly
     (cuLaunchKernel accepts a CUkernel).
+
+    `read` (a bundle member's, aotc.storage.bundle_reader.BundleMember.read): the artifact holds the
+    manifest's facts only, and its bytes are read, sha256-checked and checked as a cubin on first use,
+    before anything reaches the driver. A member that fails is a RuntimeLoadError naming it, raised
+    again on every later use; no other kernel is tried in its place.
     """
 
-    def __init__(self, artifact: Artifact):
+    def __init__(self, artifact: Artifact, read: Callable[[], Artifact] | None = None):
         self.artifact = artifact
+        self._read = read
+        self._read_error: RuntimeLoadError | None = None
         self._lock = threading.Lock()
         self._library = None
         self._kernel = None
@@ -43,6 +48,8 @@ class LoadedKernel:
                 if self.handle == 0:
                     self._load()
         if device not in self._smem_ready:
+            from .driver import check, cu
+
             smem = self.artifact.launch.dynamic_smem
             if smem > _MAX_DEFAULT_DYNAMIC_SMEM:
                 attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -51,8 +58,25 @@ class LoadedKernel:
             self._smem_ready.add(device)
         return self.handle
 
+    def verified_artifact(self) -> Artifact:
+        """The artifact with its cubin bytes, read and checked now if they were not yet (see the class)."""
+        if self._read is not None:
+            if self._read_error is not None:
+                raise self._read_error
+            try:
+                self.artifact = self._read()
+            except AotcError as e:
+                self._read_error = RuntimeLoadError(f"refusing {self.variant.name}: {e}",
+                                                    hint="rebuild or re-download the bundle")
+                raise self._read_error from None
+            self._read = None
+        return self.artifact
+
     def _load(self) -> None:
-        art = self.artifact
+        art = self.verified_artifact()
+        from . import driver  # the driver bindings load with the first kernel, not with the bundle
+        from .driver import check, cu
+
         driver.init()
         try:
             library = check(cu.cuLibraryLoadData(art.cubin, None, None, 0, None, None, 0),
@@ -65,6 +89,8 @@ class LoadedKernel:
             # the parameter count comes from the cubin's own table (asking the driver for one index
             # past the end would be an API error, which compute-sanitizer reports); each parameter's
             # offset and size come from the driver
+            from ..common import cubin
+
             try:
                 count = len(cubin.parse(art.cubin).kernels[art.abi.symbol].params)
             except (cubin.CubinError, KeyError) as e:
@@ -85,6 +111,8 @@ class LoadedKernel:
     def unload(self) -> None:
         with self._lock:
             if self._library is not None:
+                from .driver import cu
+
                 cu.cuLibraryUnload(self._library)
             self._library = self._kernel = None
             self.handle = 0

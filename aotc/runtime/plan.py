@@ -9,7 +9,6 @@ after Plan.misaligned() and Plan.check_lse() (a few integer operations per call)
 from __future__ import annotations
 
 from ..common.errors import ArgumentError
-from .launch import PreparedLaunch
 
 
 class Plan:
@@ -23,6 +22,8 @@ class Plan:
         self.kernel = kernel
         self.variant = kernel.variant
         self.device = device
+        from .launch import PreparedLaunch  # the driver bindings load with the first plan, not with load()
+
         self.launcher = PreparedLaunch(kernel, grid, device, values)
         self._params = {p.name: p for p in kernel.artifact.abi.params}
 

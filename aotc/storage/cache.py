@@ -12,6 +12,13 @@ Readers take no lock: files are written under temporary names, fsynced and
 ``os.replace``d, and an entry counts only once meta.json exists and the cubin's
 sha256 matches it. Writers hold the key's lock across check, compile and commit,
 so N processes asking for one cold key compile it once.
+
+Every read checks the entry with aotc.common.checks: an entry whose cubin is not
+what meta.json says (another arch, a missing symbol, another parameter table,
+launch facts past the arch's limits, a key that is not its variant's) is invalid
+and quarantined. An entry whose key is not the one this aotc computes for its
+variant (made by another aotc, DSL or kernel sources) is stale: valid for whoever
+made it, never served by the runtime, listed as such by ``aotc cache ls``.
 """
 from __future__ import annotations
 
@@ -26,14 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..common import config
+from ..common import checks, config, keys
 from ..common.artifact import Artifact, sha256_hex
 from ..common.errors import CacheError, LockTimeoutError
+from ..common.untrusted import UntrustedInput, parse_json, read_regular_file
 from ..common.variant import Variant
 from .atomic import atomic_write, test_kill_point
 
 LAYOUT = "v1"
 COUNTERS = ("hits", "misses", "compiles", "bypassed", "invalid")
+MAX_META_BYTES = 4 << 20  # a meta.json is a few KiB
+MAX_STATS_BYTES = 1 << 20
 _KEY = re.compile(r"[0-9a-f]{64}")  # a cache key is a sha256 hex digest; nothing else becomes a path
 
 
@@ -47,7 +57,7 @@ def _checked(key: str) -> str:
 class EntryStatus:
     key: str
     path: Path
-    state: str  # "ok", "missing", "partial", "invalid"
+    state: str  # "ok", "stale" (valid, but not this aotc's key for its variant), "missing", "partial", "invalid"
     reason: str = ""
 
 
@@ -57,7 +67,15 @@ class Cache:
         self.root = (Path(root) if root is not None else config.cache_dir()) / LAYOUT
         lock_env = config.lock_dir()
         self.lock_dir = Path(lock_dir) if lock_dir is not None else (lock_env or self.root / "locks")
-        self.lock_timeout = config.lock_timeout() if lock_timeout is None else lock_timeout
+        self._lock_timeout = None if lock_timeout is None else config.check_lock_timeout(lock_timeout)
+
+    @property
+    def lock_timeout(self) -> float:
+        """Seconds to wait for a key's lock: the constructor's, else AOTC_LOCK_TIMEOUT, read when first
+        needed (readers take no lock, so a bad value never stops them)."""
+        if self._lock_timeout is None:
+            self._lock_timeout = config.lock_timeout()
+        return self._lock_timeout
 
     # ---- paths -------------------------------------------------------------
     @property
@@ -76,7 +94,7 @@ class Cache:
         """Hold the key's lock; flock-based, so a killed holder releases it. timeout=0: try once."""
         import filelock  # the runtime reads the cache without it
 
-        timeout = self.lock_timeout if timeout is None else timeout
+        timeout = self.lock_timeout if timeout is None else config.check_lock_timeout(timeout)
         self.lock_dir.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(str(self.lock_path(key)), timeout=timeout)
         try:
@@ -112,45 +130,65 @@ class Cache:
             pass  # a counter is never worth failing a build or a load
 
     def stats(self) -> dict:
+        """The counters; whatever stats.json holds that is not a count (a string, a list, null, inf) reads
+        as 0, and the next count() rewrites it."""
         try:
-            data = json.loads((self.root / "stats.json").read_text())
+            data = parse_json(read_regular_file(self.root / "stats.json", MAX_STATS_BYTES), "stats.json")
         except (OSError, ValueError):
             data = {}
-        out = {k: int(data.get(k, 0)) for k in COUNTERS}
-        out["compile_seconds"] = float(data.get("compile_seconds", 0.0))
+        if not isinstance(data, dict):
+            data = {}
+        out = {k: int(_count(data.get(k))) for k in COUNTERS}
+        out["compile_seconds"] = float(_count(data.get("compile_seconds")))
         return out
 
     # ---- reading -----------------------------------------------------------
     def check(self, key: str, variant: Variant | None = None) -> tuple[EntryStatus, Artifact | None]:
-        """Read and verify one entry without side effects (and that it holds `variant`, when given)."""
+        """Read and verify one entry without side effects (and that it holds `variant`, when given).
+
+        The artifact comes back for "ok" and "stale" entries. Passing `variant` says the caller computed
+        `key` for it (a build's lookup): the entry is then held to the family's rules, as a current one is."""
         d = self.entry_dir(key)
-        meta_path = d / "meta.json"
         try:
-            meta_bytes = meta_path.read_bytes()
+            meta_bytes = read_regular_file(d / "meta.json", MAX_META_BYTES, "meta.json")
         except FileNotFoundError:
             state = "partial" if d.exists() else "missing"
             return EntryStatus(key, d, state, "no meta.json" if state == "partial" else ""), None
+        except UntrustedInput as e:
+            return EntryStatus(key, d, "invalid", str(e)), None
         except OSError as e:
             return EntryStatus(key, d, "invalid", f"meta.json unreadable: {e}"), None
         try:
-            header = json.loads(meta_bytes)
+            header = parse_json(meta_bytes, "meta.json")
             if not isinstance(header, dict):
                 return EntryStatus(key, d, "invalid", f"meta.json holds a {type(header).__name__}, not an object"), None
             if header.get("key") != key:
                 return EntryStatus(key, d, "invalid", f"meta.json names key {str(header.get('key'))[:16]}..."), None
-            cubin = (d / "kernel.cubin").read_bytes()
+            cubin = read_regular_file(d / "kernel.cubin", config.max_member_bytes(), "kernel.cubin")
             art = Artifact.from_header(header, cubin)
         except FileNotFoundError:
             return EntryStatus(key, d, "invalid", "kernel.cubin missing"), None
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return EntryStatus(key, d, "invalid", f"{type(e).__name__}: {e}"), None
+            reason = str(e) if isinstance(e, UntrustedInput) else f"{type(e).__name__}: {e}"
+            return EntryStatus(key, d, "invalid", reason), None
         if variant is not None and art.variant != variant:
             return EntryStatus(key, d, "invalid", f"entry holds {art.variant.name}, not {variant.name}"), None
+        current = variant is not None or keys.is_this_aotcs_key(art.variant, key, art.info)
+        try:
+            checks.check_artifact(art, conform=current, header="meta.json")
+        except checks.Refused as e:
+            return EntryStatus(key, d, "invalid", str(e)), None
+        if not current:
+            return EntryStatus(key, d, "stale", "not the key this aotc computes for its variant"), art
         return EntryStatus(key, d, "ok"), art
 
     def load(self, key: str, variant: Variant | None = None, *, count: bool = True) -> Artifact | None:
-        """The verified artifact, or None on a miss. A bad entry is counted invalid and quarantined."""
+        """The verified artifact, or None on a miss. A bad entry is counted invalid and quarantined.
+
+        Without `variant`, a stale entry is a miss (left in place: it is valid for the aotc that made it)."""
         status, art = self.check(key, variant)
+        if art is not None and status.state == "stale" and variant is None:
+            art = None
         if art is not None:
             try:
                 os.utime(status.path / "meta.json")  # last use, for LRU eviction
@@ -204,6 +242,10 @@ class Cache:
         """Write an entry: cubin first, meta.json last (the commit marker). Caller holds the key's lock."""
         if sha256_hex(art.cubin) != art.sha256:
             raise CacheError(f"refusing to commit {art.variant.name}: cubin does not match its sha256")
+        try:  # what a read would quarantine is never written
+            checks.check_artifact(art, conform=True)
+        except checks.Refused as e:
+            raise CacheError(f"refusing to commit {art.variant.name}: {e}") from None
         d = self.entry_dir(art.key)
         d.mkdir(parents=True, exist_ok=True)
         (d / "meta.json").unlink(missing_ok=True)  # uncommit first if we are repairing
@@ -246,6 +288,18 @@ class Cache:
         return art, True
 
     # ---- maintenance -------------------------------------------------------
+    def current_artifacts(self) -> list[Artifact]:
+        """Every entry whose key this aotc computes for its variant, verified (what the runtime serves).
+        Stale entries are skipped; invalid ones are quarantined when their lock is free."""
+        out = []
+        for key in self.keys():
+            status, art = self.check(key)
+            if status.state == "ok":
+                out.append(art)
+            elif status.state == "invalid":
+                self.quarantine(key, status.reason, wait=False)
+        return out
+
     def keys(self) -> list[str]:
         if not self.entries_dir.exists():
             return []
@@ -271,10 +325,10 @@ class Cache:
         problems = []
         for key in self.keys():
             status, _ = self.check(key)
-            if status.state == "ok":
+            if status.state in ("ok", "stale"):  # a stale entry is valid for the aotc that made it
                 continue
             if repair and not self.quarantine(key, status.reason or status.state, strict=True):
-                if self.check(key)[0].state in ("ok", "missing"):
+                if self.check(key)[0].state in ("ok", "stale", "missing"):
                     continue
             problems.append(status)
         return problems
@@ -321,3 +375,10 @@ class Cache:
             shutil.rmtree(self.root / sub, ignore_errors=True)
         (self.root / "stats.json").unlink(missing_ok=True)
         return n
+
+
+def _count(value) -> float:
+    """A counter's value as stats.json holds it: a finite number >= 0, else 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    return value if 0 <= value < 2 ** 63 else 0
