@@ -44,7 +44,7 @@ def load_prefill_runtime(path: str):
     from aotc.runtime import Runtime
     from aotc.storage.bundle import read_bundle
 
-    arts = [a for a in (_upgraded(x) for x in read_bundle(path).artifacts) if a is not None]
+    arts = [a for a in (_upgraded(x) for x in read_bundle(path, other_sources=True).artifacts) if a is not None]
     return Runtime(arts, [path])
 
 
@@ -54,7 +54,7 @@ def legacy_decode_kernels(path: str) -> dict:
     from aotc.storage.bundle import read_bundle
 
     out = {}
-    for a in read_bundle(path).artifacts:
+    for a in read_bundle(path, other_sources=True).artifacts:
         if a.variant.family == "sdpa_decode" and tuple(p.name for p in a.abi.params) == LEGACY_DECODE_PARAMS:
             out[(a.variant["dtype"], a.variant["head_dim"], a.variant["kv"])] = LoadedKernel(a)
     return out

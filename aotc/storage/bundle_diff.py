@@ -115,7 +115,7 @@ def member_differences(a: Artifact, b: Artifact) -> dict[str, tuple]:
 
 def diff_bundles(path_a: str | Path, path_b: str | Path) -> BundleDiff:
     """Compare two bundles (each read and verified first: a bad bundle raises BundleError)."""
-    ba, bb = read_bundle(path_a), read_bundle(path_b)
+    ba, bb = read_bundle(path_a, other_sources=True), read_bundle(path_b, other_sources=True)  # old vs new
     arts_a = {x.variant.name: x for x in ba.artifacts}
     arts_b = {x.variant.name: x for x in bb.artifacts}
     d = BundleDiff(str(path_a), str(path_b), producers=(dict(ba.manifest.get("producer") or {}),

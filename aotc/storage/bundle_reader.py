@@ -81,7 +81,7 @@ class BundleIndex:
         self.path, self.manifest, self.members = path, manifest, members
 
 
-def open_bundle(path: str | Path, *, check_arch: bool = True) -> BundleIndex:
+def open_bundle(path: str | Path, *, check_arch: bool = True, other_sources: bool = False) -> BundleIndex:
     """Check a bundle's directory and manifest, without reading its members. Raises BundleError naming
     what is wrong (VersionSkewError for another format version)."""
     path = str(path)
@@ -90,13 +90,16 @@ def open_bundle(path: str | Path, *, check_arch: bool = True) -> BundleIndex:
         raise BundleError(f"bundle {path}: {msg}")
 
     with _open_zip(path) as zf:
-        manifest, members = _scan(zf, path, fail, check_arch)
+        manifest, members = _scan(zf, path, fail, check_arch, other_sources)
     return BundleIndex(path, manifest, members)
 
 
-def read_bundle(path: str | Path, *, check_arch: bool = True) -> Bundle:
-    """Open, check and load every artifact of a bundle. Raises BundleError naming what is wrong."""
-    _problems, bundle = _read(str(path), check_arch=check_arch, collect=False)
+def read_bundle(path: str | Path, *, check_arch: bool = True, other_sources: bool = False) -> Bundle:
+    """Open, check and load every artifact of a bundle. Raises BundleError naming what is wrong.
+
+    other_sources: accept kernels whose keys record no parts and are not this aotc's (bundles made by
+    an earlier aotc): for reading them side by side (`aotc bundle diff`), never for serving them."""
+    _problems, bundle = _read(str(path), check_arch=check_arch, collect=False, other_sources=other_sources)
     return bundle
 
 
@@ -106,7 +109,7 @@ def verify_bundle(path: str | Path) -> list[str]:
     return problems
 
 
-def _read(path: str, *, check_arch: bool, collect: bool) -> tuple[list[str], Bundle | None]:
+def _read(path: str, *, check_arch: bool, collect: bool, other_sources: bool = False) -> tuple[list[str], Bundle | None]:
     problems: list[str] = []
 
     def fail(msg: str) -> None:
@@ -116,7 +119,7 @@ def _read(path: str, *, check_arch: bool, collect: bool) -> tuple[list[str], Bun
 
     with _open_zip(path) as zf:
         try:
-            manifest, members = _scan(zf, path, fail, check_arch)
+            manifest, members = _scan(zf, path, fail, check_arch, other_sources)
         except _Stop:  # only when collecting: the problems found so far leave nothing more to check
             return problems, None
         artifacts = []
@@ -149,7 +152,7 @@ def _open_zip(path: str) -> Iterator[zipfile.ZipFile]:
 
 
 def _scan(zf: zipfile.ZipFile, path: str, fail: Callable[[str], None],
-          check_arch: bool) -> tuple[dict, list[BundleMember]]:
+          check_arch: bool, other_sources: bool = False) -> tuple[dict, list[BundleMember]]:
     """Directory and manifest checks; returns (manifest, the members that passed). `fail` raises or collects;
     a problem that leaves nothing to check further raises even when collecting."""
     max_member, max_total = config.max_member_bytes(), config.max_bundle_bytes()
@@ -211,7 +214,7 @@ def _scan(zf: zipfile.ZipFile, path: str, fail: Callable[[str], None],
     entries = manifest.get("artifacts")
     if not isinstance(entries, list):
         fatal("manifest.json has no artifact list")
-    members = _scan_entries(zf, path, entries, seen, max_member, problem, check_arch)
+    members = _scan_entries(zf, path, entries, seen, max_member, problem, check_arch, other_sources)
     extra = sorted(seen - {m for m in _listed(entries)} - {MANIFEST})
     if extra:
         problem(f"members not described by the manifest: {extra[:5]}")
@@ -230,7 +233,7 @@ def _listed(entries: list) -> list[str]:
 
 
 def _scan_entries(zf: zipfile.ZipFile, path: str, entries: list, seen: set[str], max_member: int, problem,
-                  check_arch: bool) -> list[BundleMember]:
+                  check_arch: bool, other_sources: bool = False) -> list[BundleMember]:
     members: list[BundleMember] = []
     by_member: set[str] = set()
     by_variant: dict = {}
@@ -259,7 +262,7 @@ def _scan_entries(zf: zipfile.ZipFile, path: str, entries: list, seen: set[str],
         if not _KEY.fullmatch(art.key):
             problem(f"member {member!r}: key {art.key[:80]!r} is not a cache key (64 hex digits)")
             continue
-        why = _header_problem(art)
+        why = _header_problem(art, other_sources)
         if why:
             problem(f"member {member!r}: {why}")
             continue
@@ -280,14 +283,14 @@ def _scan_entries(zf: zipfile.ZipFile, path: str, entries: list, seen: set[str],
     return members
 
 
-def _header_problem(art: Artifact) -> str | None:
+def _header_problem(art: Artifact, other_sources: bool = False) -> str | None:
     """What the header check (everything but the bytes) refuses. Where the DSL is installed, a key that
     records no parts must be the one this aotc computes; without it such keys cannot be recomputed."""
     try:
         status = checks.check_artifact(art, conform=True, with_cubin=False, header="the manifest")
     except checks.Refused as e:
         return str(e)
-    if status.state == "unmatched" and status.local_dsl:
+    if status.state == "unmatched" and status.local_dsl and not other_sources:
         return status.reason + "; rebuild the bundle with this aotc"
     return None
 
