@@ -31,7 +31,7 @@ from aotc.common.errors import ArgumentError, ArgumentTypeError
 
 from .tensors import _DTYPE_LIST, _U64, DTYPES, TensorArg, _int, _int_tuple, _Opaque, _show
 
-__all__ = ["as_tensor"]
+__all__ = ["as_tensor", "torch_layouts"]
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -302,6 +302,25 @@ def _from_torch(obj: Any) -> TensorArg | None:
         return _make(obj.data_ptr(), tuple(obj.shape), obj.stride(), dtype, device)
     except Exception:
         return None
+
+
+def torch_layouts(*objs: Any) -> tuple | None:
+    """(shape, stride, dtype, device) of each argument (None kept as None) when every other one is a
+    torch tensor of a type as_tensor has seen; None otherwise. A plan that validated tensors with these
+    layouts compares the next call's against them (about 0.4 us a tensor, as_tensor 1.4 us) and, when
+    equal, needs only their pointers: every check it made depends on the layout alone."""
+    out = []
+    try:
+        for o in objs:
+            if o is None:
+                out.append(None)
+            elif _torch_types.get(type(o)):
+                out.append((o.shape, o.stride(), o.dtype, o.device))  # stride() raises for sparse layouts
+            else:
+                return None
+    except Exception:  # a tensor subclass whose attributes raise: the full path reports it
+        return None
+    return tuple(out)
 
 
 def as_tensor(obj: Any, name: str) -> TensorArg:

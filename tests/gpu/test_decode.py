@@ -300,6 +300,43 @@ def test_decode_bad_arguments(rt):
     assert torch.isnan(out).all(), "a refused call launched"
 
 
+def test_decode_plan_call_after_a_checked_call_still_refuses_other_tensors(rt):
+    """Plan(tensors) compares torch layouts with those of the last call it checked in full and then needs
+    only pointers: tensors laid out otherwise, on another dtype, or an out that is q must still be refused."""
+    dtype, D, kv = [v for v in decode_variants(rt) if v[2] != "dense"][0]
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    cache = PagedCache([70, 33], int(kv[len("paged"):]), 2, D, dtype, "NHD", gen)
+    q = torch.randn(2, 1, 4, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1, device="cuda")
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=70)
+    for _ in range(2):  # the second call takes the compared-layouts path
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    q2 = torch.randn_like(q)
+    out2 = torch.full_like(q, math.nan)
+    lse2 = torch.full_like(lse, math.nan)
+    plan(q2, out2, lse2, stream=torch.cuda.current_stream())  # new pointers, same layouts: runs
+    torch.cuda.synchronize()
+    for b in range(2):
+        k, v = cache.dense(b)
+        ro, rl = reference(q2[b], k, v, 1.0 / math.sqrt(D))
+        check_close(out2[b], ro, TOL[dtype], f"fast path O b={b}")
+        check_close(lse2[b], rl, LSE_TOL, f"fast path LSE b={b}")
+    wide = torch.full((2, 1, 4, D + 8), math.nan, dtype=q.dtype, device="cuda")[..., :D]
+    cases = [
+        (lambda: plan(q, wide, lse), "q/out/lse"),  # padded strides
+        (lambda: plan(q.float(), out, lse), "q"),
+        (lambda: plan(q, out, None), "lse"),
+        (lambda: plan(q, q, lse), "out"),  # out overlaps q
+        (lambda: plan(q, out, q), "lse"),
+    ]
+    for call, name in cases:
+        with pytest.raises(ArgumentError) as ei:
+            call(), torch.cuda.synchronize()
+        assert name in str(ei.value), (name, str(ei.value))
+    torch.cuda.synchronize()
+    assert torch.isnan(wide).all(), "a refused call launched"
+
+
 SKEWED = [0, 1, 15, 16, 17, 32768, 40000] + [3, 64, 100, 255, 511, 1000, 2047, 4096] * 2
 
 
