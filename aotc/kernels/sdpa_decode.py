@@ -88,8 +88,8 @@ from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .tile_scheduler import KvChunks
 from .mask import mask_columns
 from .softmax import LN_2, LOG2_E, NEG_INF, quad_allreduce, softmax_row
-from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms, make_g2s,
-                       make_warp_mma, opaque_i32, smem_tile_layout)
+from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, check_accumulator_views, gemm_ldmatrix,
+                       ldmatrix_atoms, make_g2s, make_warp_mma, opaque_i32, run_traced, smem_tile_layout)
 
 _THREADS = THREADS
 _WARPS = WARPS
@@ -713,10 +713,8 @@ _CHECK_CTA_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
 def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
     """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
 
-    1. P, the fp32 S accumulator (16, KW) viewed by acc_to_a_operand, holds at each A-operand slot
-       the (row, col) the MMA's A partition of S expects there.
-    2. S accumulator coordinates are lane 0's (compile time) plus the lane's first element's, and
-       a lane holds exactly 2 rows (masks, row limits and the merge rows rely on it).
+    1-2. warp_mma.check_accumulator_views on the (16, KW) S tile of every lane-index bit, and a lane
+       holds exactly 2 accumulator rows (masks, row limits and the merge rows rely on it).
     3. g2s copies: row-iteration j of a thread covers row tid/8 + 16j only; its columns are those of
        the thread's (16, D) source partition (the per-row gather uses a row-stride-0 source); the
        page of row-iteration j is 16j // P.
@@ -734,24 +732,7 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
     if cute.size(t0S, mode=[0]) != 2:
         errors.append(f"a lane holds {cute.size(t0S, mode=[0])} accumulator rows, not 2")
     for t in (0,) + _CHECK_THREADS:
-        thr = mma.get_slice(t)
-        tScS = thr.partition_C(cS)
-        p_view = cute.make_tensor(tScS.iterator, acc_to_a_operand(tScS.layout))
-        a_part = thr.partition_A(cS)
-        if cute.size(p_view) != cute.size(a_part):
-            errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
-        else:
-            for i in range(cute.size(a_part)):
-                if tuple(p_view[i]) != tuple(a_part[i]):
-                    errors.append(f"lane {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
-                    break
-        tS = acc_mn_view(tScS)
-        r0, c0 = tScS[0]
-        for r in range(cute.size(tS, mode=[0])):
-            for c in range(cute.size(tS, mode=[1])):
-                want = (t0S[r, 0][0] + r0, t0S[0, c][1] + c0)
-                if tuple(tS[r, c]) != want:
-                    errors.append(f"lane {t}: S element ({r},{c}) is at {tS[r, c]}, not {want}")
+        errors += check_accumulator_views(mma.get_slice(t), cS, t0S, f"lane {t}")
     cT = cute.make_identity_tensor((BN, D))
     cR = cute.make_identity_tensor((16, D))
     cQ = cute.make_identity_tensor((_ROWS, D))
@@ -786,15 +767,7 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
 
 def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90") -> list[str]:
     """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
-    dtype = DTYPES[dtype_name]
-    out: list[str] = []
-
-    @cute.jit
-    def _trace():
-        out.extend(_check_mappings_traced(dtype, head_dim, arch))
-
-    _trace()
-    return out
+    return run_traced(_check_mappings_traced, DTYPES[dtype_name], head_dim, arch)
 
 
 # ---------------------------------------------------------------------------- compile

@@ -65,8 +65,9 @@ from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .mask import kv_block_range, mask_row, score_limits
 from .seqlen import seq_bounds
 from .softmax import LOG2_E, MAX_SLACK_LOG2, NEG_INF, normalize_rows, rescale_rows, softmax_row, store_lse_rows
-from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms, make_g2s,
-                       make_s2g, make_warp_mma, opaque_i32, smem_tile_layout)
+from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, check_accumulator_views, gemm_ldmatrix,
+                       ldmatrix_atoms, make_g2s, make_s2g, make_warp_mma, opaque_i32, run_traced,
+                       smem_tile_layout)
 
 
 def _chunked_n(t: cute.Tensor) -> cute.Tensor:
@@ -472,10 +473,7 @@ _CHECK_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
 def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
     """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
 
-    1. P, the fp32 S accumulator viewed by acc_to_a_operand, holds at each A-operand slot the
-       (row, col) that the MMA's A partition of S expects there.
-    2. Accumulator coordinates are thread 0's (compile time) plus the thread's first element's
-       (the masks and the LSE rows rely on it), for S (bm, bn) in the mn view.
+    1-2. warp_mma.check_accumulator_views on the S tile (bm, bn) of each checked thread.
     3. gmem<->smem copies: each copy row-iteration r of a thread covers one row, thread 0's
        row r plus the thread's first row (row predicates).
     4. O += P V in 64-column chunks: for chunk h, the accumulator tiles and the V fragment tiles
@@ -501,25 +499,7 @@ def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
         if t >= threads:
             continue
         thr = tiled_mma.get_slice(t)
-        # 1
-        tScS = thr.partition_C(cS)
-        p_view = cute.make_tensor(tScS.iterator, acc_to_a_operand(tScS.layout))
-        a_part = thr.partition_A(cS)
-        if cute.size(p_view) != cute.size(a_part):
-            errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
-        else:
-            for i in range(cute.size(a_part)):
-                if tuple(p_view[i]) != tuple(a_part[i]):
-                    errors.append(f"thread {t}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
-                    break
-        # 2
-        tS = acc_mn_view(tScS)
-        r0, c0 = tScS[0]
-        for r in range(cute.size(tS, mode=[0])):
-            for c in range(cute.size(tS, mode=[1])):
-                want = (t0S[r, 0][0] + r0, t0S[0, c][1] + c0)
-                if tuple(tS[r, c]) != want:
-                    errors.append(f"thread {t}: S element ({r},{c}) is at {tS[r, c]}, not {want}")
+        errors += check_accumulator_views(thr, cS, t0S, f"thread {t}")  # 1, 2
         # 3
         for shape in ((bm, D), (bn, D)):
             cX = cute.make_identity_tensor(shape)
@@ -566,16 +546,7 @@ def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
 
 def verify_mappings(head_dim: int, dtype_name: str = "bf16", tile: Tile | None = None) -> list[str]:
     """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
-    dtype = DTYPES[dtype_name]
-    tile = tile or TILES[head_dim]
-    out: list[str] = []
-
-    @cute.jit
-    def _trace():
-        out.extend(_check_mappings_traced(dtype, head_dim, tile))
-
-    _trace()
-    return out
+    return run_traced(_check_mappings_traced, DTYPES[dtype_name], head_dim, tile or TILES[head_dim])
 
 
 # ---------------------------------------------------------------------------- compile

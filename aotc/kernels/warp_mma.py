@@ -100,3 +100,47 @@ def gemm_ldmatrix(mma, acc, s2r_a, tCsA, tCrA_v, tCrA, s2r_b, tCsB, tCrB_v, tCrB
             cute.copy(s2r_a, tCsA[None, None, kk + 1], tCrA_v[None, None, kk + 1])
             cute.copy(s2r_b, tCsB[None, None, kk + 1], tCrB_v[None, None, kk + 1])
         cute.gemm(mma, acc, tCrA[None, None, kk], tCrB[None, None, kk], acc)
+
+
+# ---------------------------------------------------------------------------- static layout checks
+
+def check_accumulator_views(thr, cS, t0S, who: str) -> list[str]:
+    """Layout facts of one thread's slice `thr` of a warp MMA over the S tile's coordinates `cS`
+    (evaluated on static layouts, inside a jit trace; t0S: thread 0's accumulator in the mn view):
+
+    1. P, the fp32 S accumulator viewed by acc_to_a_operand, holds at each A-operand slot the
+       (row, col) the MMA's A partition of S expects there (P feeds O += P V from registers).
+    2. Accumulator coordinates are thread 0's (compile time) plus the thread's first element's
+       (masks, row limits and the LSE rows rely on it).
+    """
+    errors = []
+    tScS = thr.partition_C(cS)
+    p_view = cute.make_tensor(tScS.iterator, acc_to_a_operand(tScS.layout))
+    a_part = thr.partition_A(cS)
+    if cute.size(p_view) != cute.size(a_part):
+        errors.append(f"P view has {cute.size(p_view)} elements, the A partition {cute.size(a_part)}")
+    else:
+        for i in range(cute.size(a_part)):
+            if tuple(p_view[i]) != tuple(a_part[i]):
+                errors.append(f"{who}: P slot {i} holds {p_view[i]}, the MMA wants {a_part[i]}")
+                break
+    tS = acc_mn_view(tScS)
+    r0, c0 = tScS[0]
+    for r in range(cute.size(tS, mode=[0])):
+        for c in range(cute.size(tS, mode=[1])):
+            want = (t0S[r, 0][0] + r0, t0S[0, c][1] + c0)
+            if tuple(tS[r, c]) != want:
+                errors.append(f"{who}: S element ({r},{c}) is at {tS[r, c]}, not {want}")
+    return errors
+
+
+def run_traced(check, *args) -> list[str]:
+    """check(*args) (a function of static layouts returning problems) run inside a jit trace: no GPU."""
+    out: list[str] = []
+
+    @cute.jit
+    def _trace():
+        out.extend(check(*args))
+
+    _trace()
+    return out
