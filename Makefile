@@ -40,7 +40,9 @@ bench:
 	$(GPU_PYTHON) benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out $(RESULTS)
-	for i in 1 2 3 4 5; do $(GPU_PYTHON) benchmarks/cold_start.py artifacts/default.aotc; done > $(RESULTS)/cold_start.jsonl
+	$(GPU_PYTHON) benchmarks/bench_decode_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/bench_host.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/cold_start.py --bundle artifacts/default.aotc --runs 5 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/report.py --results $(RESULTS)
 
 ## bench-build: build-side and memory figures on this (CPU) machine

@@ -191,12 +191,16 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None, probe=None) -> str
     if cold:
         import statistics
 
-        first = statistics.median(c["first_call_done_s"] for c in cold)
-        lines += [f"## Cold start (GPU machine, {len(cold)} fresh processes, `benchmarks/cold_start.py`)", "",
-                  f"Fresh process to first finished combine call, loading from the bundle: median {first:.3f} s "
-                  f"(import {statistics.median(c['import_s'] for c in cold):.3f} s, import + bundle load "
-                  f"{statistics.median(c['import_and_load_bundle_s'] for c in cold):.3f} s; the rest is CUDA "
-                  "driver initialisation, module load and the launch).", ""]
+        rows = cold["rows"]
+
+        def med(k):
+            return statistics.median(r[k] for r in rows)
+        lines += [f"## Cold start ({cold['gpu']}, {len(rows)} fresh processes, commit {cold['git_commit'][:12]}, "
+                  f"`{cold['command']}`)", "",
+                  f"torch imported and tensors allocated first; then `import aotc.runtime` {med('import_ms'):.1f} ms, "
+                  f"`load()` of the {rows[0]['kernels']}-kernel bundle {med('load_ms'):.1f} ms, first finished "
+                  f"prefill call {med('first_call_ms'):.1f} ms (driver bindings import, module load, launch): "
+                  f"median total {med('total_ms'):.1f} ms.", ""]
     if pre:
         lines += [f"## Prefill forward ({pre['gpu']}, {pre['date']}, commit {pre.get('git_commit', '?')[:12]}, "
                   f"`{pre['command']}`)", "",
@@ -265,8 +269,7 @@ def main() -> None:
     dec = load(res / "decode.json")
     breakdown = load(res / "decode_breakdown.json")
     probe = load(res / "fp16_power_probe.json")
-    cold_path = res / "cold_start.jsonl"
-    cold = [json.loads(x) for x in cold_path.read_text().splitlines() if x.strip()] if cold_path.exists() else []
+    cold = load(res / "cold_start.json")
     made = []
     if pre:
         made += plot_prefill(pre, res)
