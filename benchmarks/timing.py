@@ -2,7 +2,7 @@
 
 Why the settling. The H200 runs these kernels at its power limit (~690 W), and its SM clock
 follows the power drawn by whatever ran just before. A contender timed right after a hotter one
-starts at a lower clock and needs some milliseconds to climb back. Run 1 of session 6 showed it:
+starts at a lower clock and needs some milliseconds to climb back. A measured case:
 the portable family, always timed right after the Hopper family, ran 5-13% below a byte-identical
 cubin timed a contender later (D256 S2048, benchmarks/results/prefill_experiment_bench_order.json),
 with spreads of 10-22% across rounds where the others had 1-2%. So every contender first runs
