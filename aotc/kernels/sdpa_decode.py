@@ -4,7 +4,9 @@ Decode attention: S_q (1..16) new tokens of every query head of one KV head atte
 dense KV cache. Warp-level tensor cores (mma.sync m16n8k16, fp32 accumulate), 16-byte cp.async and
 ldmatrix: the same code for sm_80 .. sm_120a.
 
-CTA = (split = blockIdx.x, kv_head * row_tiles + row_tile = blockIdx.y, b = blockIdx.z), 128 threads.
+CTA = (kv_head * row_tiles + row_tile = blockIdx.x, chunk = blockIdx.y), 128 threads; the chunk's
+sequence and key range come from the chunk schedule (tile_scheduler.KvChunks), which every CTA derives
+from the device-side lengths at its start.
 
 Rows (GQA packing): the CTA serves ROWS_PER_CTA = 16 packed rows r = row_tile*16 + 0..15 of the
 group*S_q rows of its KV head, row r <-> token i = r // group, query head h = kv_head*group + r % group
@@ -16,9 +18,10 @@ the CTA). The epilogue merges the four warps' (max, sum, O) through shared memor
 quarter of the tensor-core work of a block, so the CTA stays memory bound even when only a few of
 the 16 rows are real (group 4-8 with S_q = 1 is the common case).
 
-Split-KV: split s covers tokens [lo, hi) = [s*chunk, min((s+1)*chunk, S_kv)) with
-chunk = ceil(ceil(S_kv / num_splits) / BLOCK_N) * BLOCK_N (any partition is valid for the merge;
-this one keeps lo a multiple of BLOCK_N and of the page size).
+Chunks: the batch's kv blocks are cut into chunks of C blocks (KvChunks); a chunk covers tokens
+[lo, hi) of one sequence with lo a multiple of BLOCK_N and of the page size (any partition is valid
+for the merge). A sequence of one chunk writes out/lse directly; the chunks of a longer one are its
+splits below.
 
 Pipeline: a ring of SLOTS tile buffers in dynamic smem; tiles are issued in the order
 K0 V0 K1 V1 ..., tile t into slot t % SLOTS, one cp.async commit group per tile (the Q tile joins
@@ -45,7 +48,7 @@ declared multiples of 8 elements (runtime: 16-byte aligned bases, strides multip
 
 Masks: key j is visible to row (i, h) iff lo <= j < hi and j <= S_kv - S_q + i. Blocks entirely
 below min(hi, S_kv - S_q + 1) run without mask arithmetic (a loop of their own); the rest (the
-split's tail, or the last S_q - 1 keys of the sequence) are masked. A row that sees no key in a
+chunk's tail, or the last S_q - 1 keys of the sequence) are masked. A row that sees no key in a
 warp keeps max -inf (exponent offset 0, so every p is 0, never NaN).
 
 Epilogue: wait for every cp.async, barrier, each warp writes its per-row max, sum (quad-reduced)
@@ -56,11 +59,11 @@ LSE = (M*scale*log2 e + log2 L) * ln 2 (natural log); L = 0 (no visible key) giv
 LSE = -inf. write_partial == 0: O in fp16/bf16 (one 16-byte store) and LSE when write_lse != 0.
 Only rows < group*S_q are stored.
 
-Split-KV (write_partial != 0): fp32 O_partial (two 16-byte stores) and LSE_partial, then the split
+Split sequences (write_partial != 0): fp32 O_partial (two 16-byte stores) and LSE_partial, then the
 merge in the same launch (split_arrive, merge_splits): barrier; thread 0 takes a ticket with a
-gpu-scope acq_rel atomicAdd on counters[b * gridDim.y + blockIdx.y] (release: the barrier orders every
+gpu-scope acq_rel atomicAdd on counters[b * gridDim.x + blockIdx.x] (release: the barrier orders every
 thread's partial stores before it, and release is cumulative); the CTA that draws ticket
-num_splits - 1 resets the counter to 0 and, after a barrier (which passes the acquire on), reads every
+(the sequence's chunk count) - 1 resets the counter to 0 and, after a barrier (which passes the acquire on), reads every
 split's partials of its rows in one pass with a running max: O = sum exp(lse_s - m) O_s / L,
 L = sum exp(lse_s - m), LSE = m + log L (no live split: O = 0, LSE = -inf), MERGE_UNROLL 16-byte
 partial loads in flight per thread. The other CTAs exit. The partials were just written, so the merge
@@ -88,8 +91,8 @@ from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .tile_scheduler import KvChunks
 from .mask import mask_columns
 from .softmax import LN_2, LOG2_E, NEG_INF, quad_allreduce, softmax_row
-from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, check_accumulator_views, gemm_ldmatrix,
-                       ldmatrix_atoms, make_g2s, make_warp_mma, opaque_i32, run_traced, smem_tile_layout)
+from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms,
+                       make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
 
 _THREADS = THREADS
 _WARPS = WARPS
@@ -702,72 +705,6 @@ class SdpaDecode:
             smem=self.smem_size,
         )
 
-
-
-# ---------------------------------------------------------------------------- static checks
-
-_CHECK_THREADS = (1, 2, 4, 8, 16, 31)       # lanes: every lane-index bit alone, and all of them
-_CHECK_CTA_THREADS = (1, 2, 4, 8, 16, 32, 64, 127)
-
-
-def _check_mappings_traced(dtype, head_dim: int, arch: str) -> list[str]:
-    """The layout facts the kernel relies on, evaluated on static layouts (inside a jit trace).
-
-    1-2. warp_mma.check_accumulator_views on the (16, KW) S tile of every lane-index bit, and a lane
-       holds exactly 2 accumulator rows (masks, row limits and the merge rows rely on it).
-    3. g2s copies: row-iteration j of a thread covers row tid/8 + 16j only; its columns are those of
-       the thread's (16, D) source partition (the per-row gather uses a row-stride-0 source); the
-       page of row-iteration j is 16j // P.
-    4. The warp view (rows [0, KW) of a tile at offset w*KW*64) addresses exactly rows
-       w*KW .. w*KW+KW-1 of the (BN, D) tile layout.
-    """
-    tl = tile(head_dim, arch)
-    KW, BN = tl.keys_per_warp, tl.block_n
-    D = head_dim
-    errors = []
-    mma = make_warp_mma(dtype, 1)
-    g2s = make_g2s(dtype, _THREADS)
-    cS = cute.make_identity_tensor((_ROWS, KW))
-    t0S = acc_mn_view(mma.get_slice(0).partition_C(cS))
-    if cute.size(t0S, mode=[0]) != 2:
-        errors.append(f"a lane holds {cute.size(t0S, mode=[0])} accumulator rows, not 2")
-    for t in (0,) + _CHECK_THREADS:
-        errors += check_accumulator_views(mma.get_slice(t), cS, t0S, f"lane {t}")
-    cT = cute.make_identity_tensor((BN, D))
-    cR = cute.make_identity_tensor((16, D))
-    cQ = cute.make_identity_tensor((_ROWS, D))
-    for t in (0,) + _CHECK_CTA_THREADS:
-        thr = g2s.get_slice(t)
-        for shape, cX in (((BN, D), cT), ((_ROWS, D), cQ)):
-            tX = thr.partition_D(cX)
-            tR = thr.partition_S(cR)
-            if cute.size(tX, mode=[1]) != shape[0] // 16 or cute.size(tR, mode=[1]) != 1:
-                errors.append(f"thread {t}: {shape} copy has {cute.size(tX, mode=[1])} row iterations")
-                continue
-            for j in range(cute.size(tX, mode=[1])):
-                sub = tX[None, j, None]
-                src = tR[None, 0, None]
-                for e in range(cute.size(sub)):
-                    if sub[e][0] != t // 8 + 16 * j or sub[e][1] != src[e][1]:
-                        errors.append(f"thread {t}: row-iteration {j} element {e} at {sub[e]}, source column {src[e][1]}")
-                        break
-    p_tile = cute.make_ptr(dtype, 0, cute.AddressSpace.smem, assumed_align=1024)
-    tile_t = cute.make_tensor(p_tile, smem_tile_layout(BN, D))
-    wl = cute.local_tile(tile_t, (KW, D), (0, 0)).layout
-    for w in range(_WARPS):
-        for rr in range(KW):
-            for cc in range(0, D, 8):
-                a = wl((rr, cc)) + w * KW * ATOM_COLS
-                b = tile_t.layout((w * KW + rr, cc))
-                if a != b:
-                    errors.append(f"warp {w}: view ({rr},{cc}) at {a}, tile row {w * KW + rr} at {b}")
-                    break
-    return errors
-
-
-def verify_mappings(head_dim: int, dtype_name: str = "bf16", arch: str = "sm_90") -> list[str]:
-    """Run the static layout checks for one head dim (no GPU needed); [] when all hold."""
-    return run_traced(_check_mappings_traced, DTYPES[dtype_name], head_dim, arch)
 
 
 # ---------------------------------------------------------------------------- compile
