@@ -145,7 +145,7 @@ def _prefill_cuda(torch, q, k, v, out, lse, causal, scale, cu_q=None, cu_k=None,
 
 def _decode_cuda(torch, q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
     dev = q.get_device()
-    key = ("decode", dev, _layout(q), k_cache.data_ptr(), _layout(k_cache), v_cache.data_ptr(), v_cache.stride(),
+    key = ("decode", dev, _layout(q), k_cache.data_ptr(), _layout(k_cache), v_cache.data_ptr(), _layout(v_cache),
            _layout(seqlens_kv), _layout(page_table), _layout(out), _layout(lse),
            None if workspace is None else (workspace.data_ptr(), workspace.shape, workspace.dtype),
            kv_layout, chunks, scale)

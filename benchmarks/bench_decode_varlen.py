@@ -114,14 +114,9 @@ def main() -> None:
     import torch
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit
+    from benchmarks.bench_runtime import git_commit, import_fa3
 
-    fa3 = None
-    if args.fa3:
-        import importlib
-
-        sys.modules["flash_attn_config"] = importlib.import_module("fa3_fwd_config")
-        fa3 = importlib.import_module("fa3_fwd_interface")
+    fa3 = import_fa3() if args.fa3 else None
     rt = aotc.runtime.load(args.bundle)
     legacy = None
     if args.baseline_bundle:

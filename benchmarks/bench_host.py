@@ -37,7 +37,7 @@ def main() -> None:
 
     import aotc.runtime
     import aotc.torch
-    from benchmarks.bench_runtime import git_commit, time_calls
+    from benchmarks.bench_runtime import git_commit, import_fa3, time_calls
 
     rt = aotc.runtime.load(args.bundle)
     aotc.torch.set_runtime(rt)
@@ -93,10 +93,7 @@ def main() -> None:
 
     row("torch SDPA cuDNN (decode step, dense KV)", sdpa)
     if args.fa3:
-        import importlib
-
-        sys.modules["flash_attn_config"] = importlib.import_module("fa3_fwd_config")
-        fa3 = importlib.import_module("fa3_fwd_interface")
+        fa3 = import_fa3()
         kdn, vdn = kd.transpose(1, 2).contiguous(), vd.transpose(1, 2).contiguous()
         row("FA3 flash_attn_with_kvcache (its op, dense KV)", lambda i: fa3.flash_attn_with_kvcache(
             qs[i % ring], kdn, vdn, cache_seqlens=sl, causal=True))

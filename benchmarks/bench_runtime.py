@@ -40,6 +40,15 @@ def time_calls(fn, n, sync):
     return {"median_us": statistics.median(samples) / 1e3, "p99_us": percentile(samples, 0.99) / 1e3, "calls": n}
 
 
+def import_fa3():
+    """FlashAttention-3's interface from the fa3-fwd wheel, whose interface imports its config under the
+    name flash_attn_config: the wheel's fa3_fwd_config module is registered under that name first."""
+    import importlib
+
+    sys.modules["flash_attn_config"] = importlib.import_module("fa3_fwd_config")
+    return importlib.import_module("fa3_fwd_interface")
+
+
 def git_commit() -> str:
     """AOTC_GIT_COMMIT when set (the GPU machine gets a copy of the tree without its history), else git."""
     env = os.environ.get("AOTC_GIT_COMMIT")

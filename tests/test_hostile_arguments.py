@@ -213,9 +213,9 @@ def check_property(case: Case, breaches: list[set[str]], call, key: str) -> None
 
 
 def self_overlapping(t: T) -> bool:
-    """Two elements at one address for sure: a zero stride, or two dims with one |stride| (extents > 1)."""
-    live = [abs(s) for n, s in zip(t.shape, t.strides) if n > 1]
-    return 0 in live or len(set(live)) != len(live)
+    """The output rule of every family: a layout that does not nest (see nested()) may put two elements at
+    one address (a zero stride, two dims with one |stride|, rows that overlap), so it is refused."""
+    return not nested(t)
 
 
 def overlap_breaches(outputs: dict[str, T | None], inputs: dict[str, T | None]) -> list[set[str]]:

@@ -88,7 +88,7 @@ class CombinePlan(Plan):
         V.stride_multiple(op, "o_partial", range(4), 4)
         V.aligned(lp, "lse_partial", 4)
         V.aligned(o, "out", o.itemsize)
-        V.distinct_elements(o, "out")
+        V.no_self_overlap(o, "out")
         V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, {"o_partial": op, "lse_partial": lp})
 
     def run(self, o_partial: int, lse_partial: int, out: int, lse: int = 0, stream: int = 0) -> None:

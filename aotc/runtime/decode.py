@@ -188,6 +188,8 @@ class DecodePlan(Plan):
         if q & self._mq or out & self._mo or lse & self._ml or seqlens_kv & self._msl or page_table & self._mpt:
             raise self.misaligned(("q", "o", "lse", "seqlens_kv", "page_table"), (q, out, lse, seqlens_kv, page_table))
         self.check_lse(lse)
+        if page_table and not self.paged:
+            raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
         s = self._slots
         s[0].value = q
         s[1].value = out
@@ -195,8 +197,6 @@ class DecodePlan(Plan):
         if seqlens_kv:
             s[3].value = seqlens_kv
         if page_table:
-            if not self.paged:
-                raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
             s[4].value = page_table
         self.launcher.launch(stream)
 
@@ -302,7 +302,6 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         raise ArgumentError("k_cache.shape[1]", k.shape[1], f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
     if ls is not None:
         V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)), "from q")
-        V.no_self_overlap(ls, "lse")
         tensors["lse"] = ls
     V.cuda_device(tensors, device)
     for name in ("q", "k_cache", "v_cache", "out"):

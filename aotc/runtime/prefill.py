@@ -323,6 +323,12 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
         raise ArgumentError("q.shape[-1]", head_dim, f"a head dim the loaded kernels cover: {sorted(heads)}")
     if heads_kv == 0 or heads_q % heads_kv:
         raise ArgumentError("k.shape[-2]", heads_kv, f"a divisor of H_q = {heads_q} (GQA/MQA)")
+    # the problem's extents before the layouts that span them
+    for name, val in (("B", batch), ("S_q", seqlen_q), ("S_kv", seqlen_kv), ("H_q", heads_q)):
+        V.int32_extent(val, name)
+    if heads_q > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+        raise ArgumentError("H_q" if heads_q > MAX_GRID_YZ else "B", max(heads_q, batch),
+                            f"at most {MAX_GRID_YZ} (grid y/z limit)")
     tensors = dict(t)
     if ls is not None:
         V.lse_output(ls, (("H_q", heads_q), ("total_q", q.shape[0])) if ragged else
@@ -336,12 +342,7 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
         V.unit_stride(x, name, len(x.shape) - 1)
         V.aligned(x, name, 16)
         V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
-    for name, val in (("B", batch), ("S_q", seqlen_q), ("S_kv", seqlen_kv), ("H_q", heads_q)):
-        V.int32_extent(val, name)
-    if heads_q > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-        raise ArgumentError("H_q" if heads_q > MAX_GRID_YZ else "B", max(heads_q, batch),
-                            f"at most {MAX_GRID_YZ} (grid y/z limit)")
-    V.distinct_elements(o, "out")
+    V.no_self_overlap(o, "out")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})}, _inputs(t, cuq, cuk))
     return PrefillShape(batch, seqlen_q, seqlen_kv, heads_q, heads_kv, head_dim)
 

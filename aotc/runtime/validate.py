@@ -54,21 +54,6 @@ def unit_stride(t: TensorArg, name: str, axis: int) -> None:
         raise ArgumentError(f"{name}.stride[{axis}]", t.strides[axis], "1 (the head dimension must be contiguous)")
 
 
-def distinct_elements(t: TensorArg, name: str) -> None:
-    """An output must give every element its own address: no zero stride, no two dims with one |stride|
-    (a broadcast or otherwise self-overlapping view would have CTAs racing on the same bytes)."""
-    if any(n == 0 for n in t.shape):
-        return
-    seen: set[int] = set()
-    for axis, (n, s) in enumerate(zip(t.shape, t.strides)):
-        if n > 1:
-            if s == 0 or abs(s) in seen:
-                raise ArgumentError(f"{name}.stride[{axis}]", s,
-                                    "a distinct address per element (an output cannot be a broadcast or "
-                                    "self-overlapping view)")
-            seen.add(abs(s))
-
-
 def no_self_overlap(t: TensorArg, name: str) -> None:
     """An output must give every element its own address. Accepted: layouts that nest, i.e. taken in order
     of |stride|, each dimension (extent > 1) steps past the farthest offset the dimensions before it reach,
@@ -129,7 +114,7 @@ def lse_output(ls: TensorArg, dims: tuple[tuple[str, int], ...], why: str, name:
     for axis, (axis_name, n) in enumerate(dims):
         dim(ls, name, axis, axis_name, n, why)
     aligned(ls, name, 4)
-    distinct_elements(ls, name)
+    no_self_overlap(ls, name)
 
 
 def span_offsets(t: TensorArg | None) -> tuple[int, int] | None:

@@ -3,7 +3,6 @@ fault poisons the context): eager calls, then a CUDA graph of 10 replayed 20 tim
 
     python benchmarks/probes/varlen_fault.py {aotc,legacy,fa3,uniform} [BASELINE.aotc]
 """
-import importlib
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from benchmarks.bench_decode_varlen import Paged, heavy_tailed  # noqa: E402
+from benchmarks.bench_runtime import import_fa3  # noqa: E402
 
 which = sys.argv[1]
 lengths = heavy_tailed(128)
@@ -31,8 +31,7 @@ elif which == "legacy":
     base = LegacyDecode(kern, cache.q, cache.k, cache.v, cache.out, cache.sl, cache.pt, max(lengths), 132)
     fn = lambda: base(cur())  # noqa: E731
 else:
-    sys.modules["flash_attn_config"] = importlib.import_module("fa3_fwd_config")
-    fa3 = importlib.import_module("fa3_fwd_interface")
+    fa3 = import_fa3()
     kd, vd = cache.dense()
     fn = lambda: fa3.flash_attn_with_kvcache(cache.q, kd, vd, cache_seqlens=cache.sl, causal=True)  # noqa: E731
 for _ in range(3):
