@@ -2,7 +2,7 @@
 
 Importing ``aotc`` imports neither ``cutlass`` nor ``torch`` nor ``cuda``:
 the compile side loads the DSL only when it compiles, and ``aotc.runtime``
-needs only cuda-bindings (``cuda.bindings.driver``) and the standard library.
+needs only the standard library and the CUDA driver (libcuda, through ctypes).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 prints it for people. Nothing here imports ``cutlass`` or ``torch`` (versions
 come from package metadata, the DSL is only located), and every probe of the GPU
 is guarded: a machine without a driver or a device reports "no GPU" and the
-reason. It says whether the installed cuda-bindings fit the driver (the rule is
+reason. It says whether the driver is new enough for the runtime (the rule is
 aotc.runtime.driver's, the one the runtime enforces) and whether this machine
 can build (the compile extra installed), instead of assuming either.
 """
@@ -46,33 +46,30 @@ def versions() -> dict:
 
 
 def gpu() -> dict:
-    """The driver, whether the installed cuda-bindings fit it, and every device's name, compute capability,
-    SM count and runnable archs; without a usable GPU, {"devices": []} and the reason in "error"."""
-    info: dict = {"driver": None, "driver_release": None, "bindings": None, "bindings_problem": "", "devices": [],
+    """The driver (its library, CUDA version and release, and whether the runtime can use it) and every
+    device's name, compute capability, SM count and runnable archs; without a usable GPU, {"devices": []}
+    and the reason in "error"."""
+    info: dict = {"driver": None, "driver_release": None, "libcuda": None, "driver_problem": "", "devices": [],
                   "error": ""}
     try:
         from .runtime import driver
-        from .runtime.driver import cu
 
-        info["bindings"] = driver.bindings_version() or None
-        version = driver.driver_version()  # needs no cuInit, so it answers even when the bindings do not fit
+        version = driver.driver_version()  # needs no cuInit, so it answers even for a driver too old to use
+        info["libcuda"] = driver.library()._name
         info["driver"] = f"{version // 1000}.{version % 1000 // 10}"
         info["driver_release"] = driver.driver_release()
-        mismatch = driver.bindings_mismatch(version, info["bindings"] or "", info["driver_release"])
-        if mismatch is not None:  # driver.init() would refuse with this error: say it once, here
-            info["bindings_problem"] = f"{mismatch}: {mismatch.hint}"
-            info["error"] = "the installed cuda-bindings cannot run on this driver"
+        problem = driver.version_problem(version, info["driver_release"])
+        if problem is not None:  # driver.init() would refuse with this error: say it once, here
+            info["driver_problem"] = f"{problem}: {problem.hint}"
+            info["error"] = "the driver is older than aotc's runtime needs"
             return info
-        driver.init()
         for ordinal in range(driver.device_count()):
-            dev = driver.check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
-            raw = driver.check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
-            name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-            cc = driver.compute_capability(int(dev))
-            info["devices"].append({"ordinal": ordinal, "name": name, "compute_capability": f"{cc[0]}.{cc[1]}",
-                                    "archs": driver.runnable_archs(cc),
-                                    "sms": driver.multiprocessor_count(int(dev))})
-    except Exception as e:  # no bindings, no libcuda, no device, bindings the driver cannot run: "no GPU here"
+            dev = driver.device_handle(ordinal)
+            cc = driver.compute_capability(dev)
+            info["devices"].append({"ordinal": ordinal, "name": driver.device_name(dev),
+                                    "compute_capability": f"{cc[0]}.{cc[1]}", "archs": driver.runnable_archs(cc),
+                                    "sms": driver.multiprocessor_count(dev)})
+    except Exception as e:  # no libcuda, no device, a failed call: "no GPU here", and why
         info["error"] = f"{type(e).__name__}: {e}"
         if getattr(e, "hint", None):
             info["hint"] = e.hint
@@ -169,10 +166,10 @@ def render(info: dict) -> str:
     if g.get("driver"):
         release = f", release {g['driver_release']}" if g.get("driver_release") else ""
         line = f"driver: CUDA {g['driver']}{release}"
-        if g.get("bindings_problem"):
-            line += f"; DOES NOT FIT the bindings: {g['bindings_problem']}"
-        elif g.get("bindings"):
-            line += f"; cuda-bindings {g['bindings']} fit it"
+        if g.get("driver_problem"):
+            line += f"; TOO OLD: {g['driver_problem']}"
+        elif g.get("libcuda"):
+            line += f" ({g['libcuda']})"
         lines.append(line)
     if g["devices"]:
         lines.append("gpu:")

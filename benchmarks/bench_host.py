@@ -6,7 +6,8 @@ Decode step as a serving engine makes it: B 8, S_q 1, H_q/H_kv 32/8, D 128, page
 bf16; prefill: B 1, S 512, H 16, D 128 (dense) and the same tokens as a varlen batch of 4. Every call
 gets new q/out tensors' pointers as a serving loop would (a ring of 8), the GPU is synchronized every 256
 calls outside the timer, each call timed alone with perf_counter_ns: median and p99 of --calls calls.
-Rows: the bare cuLaunchKernel of the decode cubin (the floor), DecodePlan.run (raw pointers),
+Rows: the bare cuLaunchKernel of the decode cubin through cuda-bindings (the floor) and through the
+runtime's ctypes Launcher, DecodePlan.run (raw pointers),
 DecodePlan(tensors), Runtime.decode (one call, cached plan), the torch ops (with caller buffers, and the
 allocating forms), torch SDPA (cuDNN), FA3's flash_attn_with_kvcache. Writes host.json.
 """
@@ -71,6 +72,7 @@ def main() -> None:
 
     row("bare cuLaunchKernel (decode cubin)", lambda i: cu.cuLaunchKernel(
         kern, g[0], g[1], g[2], blk[0], blk[1], blk[2], lau.smem, cs, lau.params.address, 0))
+    row("bare aotc Launcher (ctypes, prebuilt arguments: what Plan.run ends in)", lambda i: lau.launch(stream))
     ptrs = [(q.data_ptr(), o.data_ptr(), ls.data_ptr()) for q, o, ls in zip(qs, outs, lses)]
     row("DecodePlan.run(pointers)", lambda i: plan.run(*ptrs[i % ring], 0, 0, stream))
     row("DecodePlan(q, out, lse) torch tensors", lambda i: plan(qs[i % ring], outs[i % ring], lses[i % ring],

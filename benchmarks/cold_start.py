@@ -36,7 +36,7 @@ def child(bundle: str) -> dict:
     rt.prefill(q, k, v, out, causal=True, stream=torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     t3 = time.perf_counter()
-    brought = sorted({m.split(".")[0] for m in set(sys.modules) - before} & {"cutlass", "torch", "numpy"})
+    brought = sorted({m.split(".")[0] for m in set(sys.modules) - before} & {"cutlass", "torch", "numpy", "cuda"})
     return {"import_ms": round((t1 - t0) * 1e3, 2), "load_ms": round((t2 - t1) * 1e3, 2),
             "first_call_ms": round((t3 - t2) * 1e3, 2), "total_ms": round((t3 - t0) * 1e3, 2),
             "kernels": sum(len(x) for x in rt.kernels.values()), "runtime_imported": brought,

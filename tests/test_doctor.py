@@ -105,47 +105,50 @@ def test_doctor_imports_neither_the_dsl_nor_torch(cache_dir):
     assert r.returncode == 0, r.stderr
 
 
-# ---- the driver against the installed cuda-bindings, and the build side ---------------------------------
+# ---- the driver's version, and the build side ---------------------------------------------------------
 @pytest.fixture
 def pretend_driver(monkeypatch):
     """doctor.gpu() against a driver that runs CUDA `version` (cuInit then finds no device)."""
     from aotc.runtime import driver
 
     def no_device():
-        raise aotc.DriverError("cuInit failed: CUDA_ERROR_NO_DEVICE")
+        raise aotc.DriverError("cuDeviceGetCount failed: CUDA_ERROR_NO_DEVICE")
 
-    def install(version: int, bindings: str, release: str | None):
+    class Library:
+        _name = "libcuda.so.1"
+
+    def install(version: int, release: str | None):
         monkeypatch.setattr(driver, "_initialized", False)
         monkeypatch.setattr(driver, "driver_version", lambda: version)
-        monkeypatch.setattr(driver, "bindings_version", lambda: bindings)
+        monkeypatch.setattr(driver, "library", lambda: Library)
         monkeypatch.setattr(driver, "driver_release", lambda: release)
-        monkeypatch.setattr(driver, "init", no_device)
+        monkeypatch.setattr(driver, "device_count", no_device)
 
     return install
 
 
-def test_doctor_says_when_the_bindings_do_not_fit_the_driver(pretend_driver, cache_dir, capsys):
-    pretend_driver(12020, "13.4.4", "535.104.05")
+def test_doctor_says_when_the_driver_is_too_old(pretend_driver, cache_dir, capsys):
+    pretend_driver(12020, "535.104.05")
     g = doctor.gpu()
-    assert g["driver"] == "12.2" and g["driver_release"] == "535.104.05" and g["bindings"] == "13.4.4"
-    assert g["bindings_problem"] == ("cuda-bindings 13.4.4 needs a driver >= 580; this driver is 535.104.05 "
-                                     "(CUDA 12.2): pip install 'aotc[cu12]' (cuda-bindings 12.x), or update the driver")
-    assert g["devices"] == [] and g["error"] == "the installed cuda-bindings cannot run on this driver"
-    assert main(["doctor"]) == 0
+    assert g["driver"] == "12.2" and g["driver_release"] == "535.104.05" and g["libcuda"] == "libcuda.so.1"
+    assert g["driver_problem"] == ("aotc's runtime needs a driver for CUDA 12.4 or newer (release >= 550); this "
+                                   "driver is 535.104.05 (CUDA 12.2): update the NVIDIA driver to release 550 or "
+                                   "newer (CUDA 12.4)")
+    assert g["devices"] == [] and g["error"] == "the driver is older than aotc's runtime needs"
+    assert main(["doctor"]) == 1  # a GPU node the runtime cannot use fails the check
     text = capsys.readouterr().out
-    assert "driver: CUDA 12.2, release 535.104.05; DOES NOT FIT the bindings: cuda-bindings 13.4.4 needs a " \
-           "driver >= 580" in text and "pip install 'aotc[cu12]'" in text
+    assert "driver: CUDA 12.2, release 535.104.05; TOO OLD: aotc's runtime needs a driver for CUDA 12.4" in text
 
 
-def test_doctor_says_when_the_bindings_fit(pretend_driver, cache_dir, capsys):
-    pretend_driver(13000, "13.4.4", "580.159.03")
+def test_doctor_names_the_driver_it_uses(pretend_driver, cache_dir, capsys):
+    pretend_driver(13000, "580.159.03")
     g = doctor.gpu()
-    assert g["driver"] == "13.0" and g["bindings_problem"] == ""
-    assert g["error"] == "DriverError: cuInit failed: CUDA_ERROR_NO_DEVICE"  # then the devices are probed
+    assert g["driver"] == "13.0" and g["driver_problem"] == ""
+    assert g["error"] == "DriverError: cuDeviceGetCount failed: CUDA_ERROR_NO_DEVICE"  # then the devices are probed
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
-    assert "driver: CUDA 13.0, release 580.159.03; cuda-bindings 13.4.4 fit it" in text
-    assert "gpu: no GPU (DriverError: cuInit failed: CUDA_ERROR_NO_DEVICE)" in text
+    assert "driver: CUDA 13.0, release 580.159.03 (libcuda.so.1)" in text
+    assert "gpu: no GPU (DriverError: cuDeviceGetCount failed: CUDA_ERROR_NO_DEVICE)" in text
 
 
 def test_doctor_says_this_machine_cannot_build_without_the_compile_extra(monkeypatch, cache_dir, capsys):

@@ -123,20 +123,24 @@ def cli() -> None:
 def doctor(as_json):
     """Versions, GPU and archs, cache and lock directories, and which found bundles load on this GPU.
 
-    Exits 1 when a bundle it finds (AOTC_BUNDLE_PATH, installed wheels) cannot be read."""
+    Exits 1 when a bundle it finds (AOTC_BUNDLE_PATH, installed wheels) cannot be read, or the driver is
+    too old for the runtime (a machine without any driver is not a failure: it builds, it does not launch)."""
     from ..doctor import collect, render
 
     info = collect()
     bad = [b for b in info["bundles"] if b.get("error")]
+    problem = info["gpu"].get("driver_problem")
     output.json_document(as_json, lambda: info)
     if as_json:
-        if not bad:
+        if not bad and not problem:
             _emit_json(info)
     else:
         output.echo(render(info))
     if bad:
         raise CheckFailedError(f"{len(bad)} of the bundles found cannot be read: " +
                                "; ".join(f"{b['path']} [{b['origin']}]" for b in bad[:5]))
+    if problem:
+        raise CheckFailedError(problem)
 
 
 class Terminated(BaseException):

@@ -69,6 +69,12 @@ def bundle_path() -> list[Path]:
     return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
 
 
+def libcuda() -> str | None:
+    """AOTC_LIBCUDA: the CUDA driver library the runtime loads (a path or a soname; default libcuda.so.1,
+    nvcuda.dll on Windows)."""
+    return os.environ.get("AOTC_LIBCUDA") or None
+
+
 def max_member_bytes() -> int:
     """AOTC_BUNDLE_MAX_MEMBER_BYTES: largest cubin a bundle (or a cache entry) may hold (default 256 MiB)."""
     return _byte_count("AOTC_BUNDLE_MAX_MEMBER_BYTES", 256 << 20)

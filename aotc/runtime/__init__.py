@@ -1,8 +1,9 @@
 """aotc.runtime: load bundles (or the cache) and launch their kernels through the CUDA driver.
 
-Needs only cuda-bindings and the standard library: it never imports ``cutlass``,
-``torch`` or numpy and never compiles. Every driver failure (no libcuda, bindings the
-driver cannot run, a failed call) is an ``aotc.DriverError`` with a hint. Tensors come
+Needs only the standard library and the CUDA driver (libcuda, through ctypes): it never
+imports ``cutlass``, ``torch``, numpy or any CUDA Python package and never compiles. Every
+driver failure (no libcuda, a driver older than CUDA 12.4, a failed call) is an
+``aotc.DriverError`` with a hint. Tensors come
 in as anything with ``__dlpack__`` or ``__cuda_array_interface__``, or as explicit
 records (``aotc.runtime.tensor(ptr, shape, strides, dtype)``).
 
@@ -19,7 +20,8 @@ from typing import Iterable
 
 from ..common.artifact import Artifact
 from ..common.errors import RuntimeLoadError
-from .plan import cached_plan
+from .dlpack import torch_layouts
+from .plan import cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor, tensor
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
@@ -179,6 +181,16 @@ class Runtime:
         cached: a repeated call reads the tensors, looks the plan up and launches."""
         from .decode import DecodePlan
 
+        seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace)
+        if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
+            fast = torch_key("sdpa_decode", self.device(), seen, (k_cache, v_cache, workspace),
+                             (max_seqlen_kv, kv_layout, chunks, softmax_scale))
+            plan = self.plans.get(fast)
+            if plan is not None:
+                plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                                 seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(),
+                                 as_stream(stream))
+                return
         recs = [None if x is None else as_tensor(x, n) for x, n in
                 ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
                  (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
@@ -189,6 +201,8 @@ class Runtime:
         plan = cached_plan(self, key, lambda: DecodePlan(
             self, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
             workspace=wsr, softmax_scale=softmax_scale))
+        if seen is not None:
+            self.remember_plan(fast, plan)
         plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr,
                          0 if ptr is None else ptr.ptr, as_stream(stream))
 

@@ -58,7 +58,7 @@ class CombinePlan(Plan):
         self.bind(kernel, grid, device, values)
         self._slots = self.slots("o_partial", "lse_partial", "o", "lse")
         self._masks = self.masks("o_partial", "lse_partial", "o", "lse")
-        self._spans = V.Spans({}, {"o_partial": op, "lse_partial": lp, "out": o, "lse": ls})
+        self._spans = V.Spans({}, {"out": o, "lse": ls}, {"o_partial": op, "lse_partial": lp})
 
     @staticmethod
     def _check(runtime, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, device: int) -> None:
@@ -104,7 +104,7 @@ class CombinePlan(Plan):
         s[1].value = lse_partial
         s[2].value = out
         s[3].value = lse
-        self.launcher.launch(stream)
+        self._launch(stream)
 
     def __call__(self, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
         """Launch on tensors with the prepared shapes, strides and dtypes."""
@@ -118,7 +118,7 @@ class CombinePlan(Plan):
     def launch_records(self, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, stream: int) -> None:
         """Launch on records whose layout_key equals the plan's: rechecks what depends on the pointers."""
         lse = 0 if ls is None else ls.ptr
-        self._spans.check_pointers({"out": o.ptr, "lse": lse}, {"o_partial": op.ptr, "lse_partial": lp.ptr})
+        self._spans.check_pointers((o.ptr, lse), (op.ptr, lp.ptr))
         self.run(op.ptr, lp.ptr, o.ptr, lse, stream)
 
 

@@ -161,8 +161,8 @@ class DecodePlan(Plan):
         self._mq, self._mo, self._ml, self._msl, self._mpt = self.masks("q", "o", "lse", "seqlens_kv", "page_table")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
         # and page table (new pointers a step may give; the prepared ones otherwise)
-        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws},
-                              {"q": q_, "out": o_, "lse": ls, "seqlens_kv": sl, "page_table": pt})
+        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws}, {"out": o_, "lse": ls},
+                              {"q": q_, "seqlens_kv": sl, "page_table": pt})
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
 
     def _workspace(self, workspace, device: int, t: dict, sl, pt, ls) -> TensorArg:
@@ -187,7 +187,8 @@ class DecodePlan(Plan):
             return
         if q & self._mq or out & self._mo or lse & self._ml or seqlens_kv & self._msl or page_table & self._mpt:
             raise self.misaligned(("q", "o", "lse", "seqlens_kv", "page_table"), (q, out, lse, seqlens_kv, page_table))
-        self.check_lse(lse)
+        if self.has_lse == (lse == 0):
+            self.check_lse(lse)  # raises
         if page_table and not self.paged:
             raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
         s = self._slots
@@ -198,7 +199,7 @@ class DecodePlan(Plan):
             s[3].value = seqlens_kv
         if page_table:
             s[4].value = page_table
-        self.launcher.launch(stream)
+        self._launch(stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:
         """One decode step on tensors shaped like the prepared ones."""
@@ -229,9 +230,7 @@ class DecodePlan(Plan):
                     stream: int = 0) -> None:
         """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
         overlap no input (the one-call APIs and the torch ops come here)."""
-        self._spans.check_pointers({"out": out, "lse": lse},
-                                   {"q": q, "seqlens_kv": seqlens_kv or self._sl_ptr,
-                                    "page_table": page_table or self._pt_ptr})
+        self._spans.check_pointers((out, lse), (q, seqlens_kv or self._sl_ptr, page_table or self._pt_ptr))
         self.run(q, out, lse, seqlens_kv, page_table, stream)
 
 

@@ -1,48 +1,92 @@
-"""Thin, checked access to the CUDA driver through cuda.bindings.
+"""The CUDA driver API through ctypes: libcuda and its cuGetProcAddress, nothing else.
 
-Every failure here is a :class:`DriverError` with a hint: cuda-bindings missing, no
-libcuda on this machine, bindings of a CUDA major the driver does not run, or a failed
-driver call. :func:`init` checks the first three before any other driver call runs.
+Why ctypes and not cuda-bindings: importing cuda.bindings.driver costs ~28 ms, more than half of the
+50 ms cold-start budget (import + load + first call), and its CUDA major must match the driver's. A
+ctypes call with prebuilt arguments costs ~0.2 us more than the bindings' (0.57-0.66 against 0.38-0.40 us per
+cuLaunchKernel, both against a stub libcuda: benchmarks/probes/launch_call_cost.py), so the launch path
+prebuilds every argument once per prepared launch. Entry points come from cuGetProcAddress_v2 at the
+CUDA 12.4 symbol versions (legacy default stream), as cuda-bindings gets them.
+
+Every failure here is a :class:`DriverError` with a hint: no libcuda on this machine, a driver older
+than the runtime needs, or a failed driver call. AOTC_LIBCUDA names another driver library.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
+import sys
 import threading
 import weakref
+from ctypes import POINTER, byref, c_char_p, c_int, c_size_t, c_ubyte, c_uint, c_uint32, c_uint64, c_void_p
 
+from ..common import config
 from ..common.errors import DriverError
 
-try:
-    from cuda.bindings import driver as cu
-except ImportError as e:  # an install without its dependencies: named by init(), not at import
-    cu = None
-    _bindings_import_error = f"{type(e).__name__}: {e}"
-
-_init_lock = threading.Lock()
-_initialized = False
-
-# The lowest driver release each CUDA major of cuda-bindings runs on (NVIDIA's CUDA Compatibility
-# guide, "Minor Version Compatibility": CUDA 12.x needs >= 525, CUDA 13.x >= 580). A newer driver
-# runs an older major, so 12.x bindings run everywhere 13.x do.
-MIN_DRIVER_RELEASE = {12: 525, 13: 580}
+# Symbol versions asked of cuGetProcAddress, and the oldest driver the runtime runs on: CUDA 12.4
+# (cuKernelGetParamInfo, which checks each kernel's parameter layout at load, is 12.4; drivers >= 550).
+PROC_VERSION = 12040
+MIN_DRIVER_VERSION = 12040
+MIN_DRIVER_RELEASE = 550
 
 NO_DRIVER_HINT = ("launching needs an NVIDIA driver and GPU (nvidia-smi lists them); building (aotc build) "
                   "and reading bundles need neither. `aotc doctor` shows what this machine has")
-DEFAULT_HINT = "`aotc doctor` reports the driver, the CUDA bindings and the GPUs this process sees"
+DEFAULT_HINT = "`aotc doctor` reports the driver and the GPUs this process sees"
+OLD_DRIVER_HINT = f"update the NVIDIA driver to release {MIN_DRIVER_RELEASE} or newer (CUDA 12.4)"
 # hints for the driver errors a user can act on; any other code gets DEFAULT_HINT
 _HINTS = {
     "CUDA_ERROR_NO_DEVICE": "the driver sees no GPU: check nvidia-smi and CUDA_VISIBLE_DEVICES",
     "CUDA_ERROR_INVALID_DEVICE": "no GPU of that ordinal is visible: check CUDA_VISIBLE_DEVICES",
-    "CUDA_ERROR_INSUFFICIENT_DRIVER": "the driver is older than the CUDA bindings need: " + DEFAULT_HINT,
+    "CUDA_ERROR_INSUFFICIENT_DRIVER": "the driver is older than the kernel needs: " + OLD_DRIVER_HINT,
     "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE": "the CUDA forward-compatibility driver does not run this GPU",
     "CUDA_ERROR_OUT_OF_MEMORY": "the GPU is out of memory",
     "CUDA_ERROR_NO_BINARY_FOR_GPU": "the cubin is for another GPU architecture: `aotc doctor` lists each GPU's",
+    "CUDA_ERROR_UNSUPPORTED_PTX_VERSION": "the cubin needs a newer driver: " + OLD_DRIVER_HINT,
     "CUDA_ERROR_ILLEGAL_ADDRESS": "a kernel faulted on this context, which stays unusable until the process "
                                   "exits; compute-sanitizer finds the faulting launch",
     "CUDA_ERROR_LAUNCH_FAILED": "a kernel faulted on this context, which stays unusable until the process "
                                 "exits; compute-sanitizer finds the faulting launch",
 }
+
+# enum values of cuda.h used here (tests/test_runtime_driver.py compares them with cuda-bindings' enums)
+ATTR_MULTIPROCESSOR_COUNT = 16
+ATTR_COMPUTE_CAPABILITY_MAJOR = 75
+ATTR_COMPUTE_CAPABILITY_MINOR = 76
+FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+_P, _INT = POINTER, c_int
+# argument types of every entry point the runtime calls (CUresult is an int; handles are pointers;
+# CUdeviceptr is 64-bit). cuLaunchKernel is declared without them: its arguments are prebuilt (Launcher).
+_PROTOTYPES = {
+    "cuInit": (c_uint,),
+    "cuGetErrorName": (c_int, _P(c_char_p)),
+    "cuDeviceGet": (_P(c_int), c_int),
+    "cuDeviceGetCount": (_P(c_int),),
+    "cuDeviceGetAttribute": (_P(c_int), c_int, c_int),
+    "cuDeviceGetName": (c_char_p, c_int, c_int),
+    "cuDevicePrimaryCtxRetain": (_P(c_void_p), c_int),
+    "cuCtxGetCurrent": (_P(c_void_p),),
+    "cuCtxSetCurrent": (c_void_p,),
+    "cuCtxGetDevice": (_P(c_int),),
+    "cuMemAlloc": (_P(c_uint64), c_size_t),
+    "cuMemFree": (c_uint64,),
+    "cuMemsetD8": (c_uint64, c_ubyte, c_size_t),
+    "cuMemsetD32Async": (c_uint64, c_uint, c_size_t, c_void_p),
+    "cuStreamSynchronize": (c_void_p,),
+    "cuLibraryLoadData": (_P(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint),
+    "cuLibraryGetKernel": (_P(c_void_p), c_void_p, c_char_p),
+    "cuLibraryUnload": (c_void_p,),
+    "cuKernelSetAttribute": (c_int, c_int, c_void_p, c_int),
+    "cuKernelGetParamInfo": (c_void_p, c_size_t, _P(c_size_t), _P(c_size_t)),
+    "cuTensorMapEncodeTiled": (c_void_p, c_int, c_uint32, c_void_p, _P(c_uint64), _P(c_uint64), _P(c_uint32),
+                               _P(c_uint32), c_int, c_int, c_int, c_int),
+    "cuLaunchKernel": None,
+}
+
+_lock = threading.RLock()  # init() holds it while library() takes it
+_lib = None
+_functions: dict = {}
+_initialized = False
 
 
 def driver_error(what: str, code: int) -> DriverError:
@@ -50,47 +94,82 @@ def driver_error(what: str, code: int) -> DriverError:
     return DriverError(f"{what} failed: {name}", hint=_HINTS.get(name, DEFAULT_HINT))
 
 
-def check(result, what: str):
-    """Unpack a cuda.bindings (CUresult, *values) tuple, raising DriverError on failure."""
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise driver_error(what, int(err))
-    return values[0] if len(values) == 1 else tuple(values)
+def call(name: str, *args) -> None:
+    """Call driver entry point `name`, raising DriverError (naming it) when it does not return CUDA_SUCCESS."""
+    code = function(name)(*args)
+    if code:
+        raise driver_error(name, code)
 
 
 def error_name(code: int) -> str:
     try:
-        err, name = cu.cuGetErrorName(cu.CUresult(code))
-        return name.decode() if int(err) == 0 else f"CUresult {code}"
-    except Exception:  # an unknown code is still a code
-        return f"CUresult {code}"
+        text = c_char_p()
+        if function("cuGetErrorName")(code, byref(text)) == 0 and text.value:
+            return text.value.decode()
+    except Exception:  # an unknown code, or no driver to ask, is still a code
+        pass
+    return f"CUresult {code}"
 
 
-# ---- what this machine has: bindings, driver, and whether they fit ------------------
-def _require_bindings() -> None:
-    if cu is None:
-        raise DriverError(f"cuda-bindings cannot be imported ({_bindings_import_error})",
-                          hint="pip install 'aotc[cu13]' (drivers >= 580) or 'aotc[cu12]' (drivers >= 525)")
-
-
-def bindings_version() -> str:
-    """The version of the cuda-bindings this process imported ("" when none can be)."""
-    if cu is None:
-        return ""
-    import cuda.bindings
-
-    return str(getattr(cuda.bindings, "__version__", ""))
+# ---- the library, its version and its entry points ------------------------------------------------
+def library() -> ctypes.CDLL:
+    """libcuda (nvcuda.dll on Windows, or AOTC_LIBCUDA), loaded once; DriverError when there is none."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                names = [config.libcuda()] if config.libcuda() else (
+                    ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so"])
+                errors = []
+                for name in names:
+                    try:
+                        _lib = ctypes.CDLL(name)
+                        break
+                    except OSError as e:
+                        errors.append(e)
+                else:
+                    raise DriverError(f"the CUDA driver library (libcuda) cannot be loaded: {errors[0]}",
+                                      hint=NO_DRIVER_HINT) from errors[0]
+    return _lib
 
 
 def driver_version() -> int:
-    """The CUDA version the driver runs, as cuDriverGetVersion gives it (12020 is CUDA 12.2); no cuInit."""
-    _require_bindings()
+    """The CUDA version the driver runs, as cuDriverGetVersion gives it (12040 is CUDA 12.4); no cuInit."""
+    version = c_int(0)
     try:
-        result = cu.cuDriverGetVersion()
-    except Exception as e:  # cuda.pathfinder's DynamicLibNotFoundError and kin: no libcuda to load
-        raise DriverError(f"the CUDA driver library (libcuda) cannot be loaded: {type(e).__name__}: {e}",
+        get = library().cuDriverGetVersion
+    except AttributeError as e:
+        raise DriverError(f"{library()._name} has no cuDriverGetVersion: not a CUDA driver",
                           hint=NO_DRIVER_HINT) from e
-    return int(check(result, "cuDriverGetVersion"))
+    get.argtypes, get.restype = (_P(c_int),), c_int
+    code = get(byref(version))
+    if code:
+        raise DriverError(f"cuDriverGetVersion failed: CUresult {code}", hint=DEFAULT_HINT)
+    return version.value
+
+
+def function(name: str):
+    """Entry point `name` at the PROC_VERSION symbol version, typed from _PROTOTYPES (resolved once)."""
+    fn = _functions.get(name)
+    if fn is None:
+        lib = library()
+        try:
+            get = lib.cuGetProcAddress_v2
+        except AttributeError:
+            raise DriverError(f"the driver has no cuGetProcAddress_v2: it is older than CUDA 12.0",
+                              hint=OLD_DRIVER_HINT) from None
+        get.argtypes = (c_char_p, _P(c_void_p), c_int, c_uint64, _P(c_int))
+        get.restype = c_int
+        address, status = c_void_p(), c_int(0)
+        code = get(name.encode(), byref(address), PROC_VERSION, 0, byref(status))
+        if code or status.value or not address.value:
+            raise DriverError(f"the driver has no {name} (cuGetProcAddress: CUresult {code}, status "
+                              f"{status.value})", hint=OLD_DRIVER_HINT)
+        fn = ctypes.CFUNCTYPE(c_int)(address.value)
+        if _PROTOTYPES[name] is not None:
+            fn.argtypes = _PROTOTYPES[name]
+        _functions[name] = fn
+    return fn
 
 
 def driver_release(path: str = "/proc/driver/nvidia/version") -> str | None:
@@ -104,80 +183,91 @@ def driver_release(path: str = "/proc/driver/nvidia/version") -> str | None:
     return m.group(1) if m else None
 
 
-def bindings_mismatch(cuda_version: int, bindings: str, release: str | None = None) -> DriverError | None:
-    """The error to raise when cuda-bindings `bindings` cannot run on a driver for `cuda_version`, else None."""
-    m = re.match(r"(\d+)\.", bindings)
-    driver_major = cuda_version // 1000
-    if m is None or driver_major >= int(m.group(1)):
+def version_problem(cuda_version: int, release: str | None = None) -> DriverError | None:
+    """The error to raise when a driver for `cuda_version` is older than the runtime needs, else None."""
+    if cuda_version >= MIN_DRIVER_VERSION:
         return None
-    major = int(m.group(1))
-    need = f">= {MIN_DRIVER_RELEASE[major]}" if major in MIN_DRIVER_RELEASE else f"for CUDA {major}.0 or newer"
-    cuda = f"CUDA {driver_major}.{cuda_version % 1000 // 10}"
+    cuda = f"CUDA {cuda_version // 1000}.{cuda_version % 1000 // 10}"
     this = f"{release} ({cuda})" if release else f"one for {cuda}"
-    if driver_major in MIN_DRIVER_RELEASE:
-        fix = f"pip install 'aotc[cu{driver_major}]' (cuda-bindings {driver_major}.x), or update the driver"
-    else:
-        fix = (f"update the driver: >= {MIN_DRIVER_RELEASE[12]} runs aotc[cu12], "
-               f">= {MIN_DRIVER_RELEASE[13]} aotc[cu13]")
-    return DriverError(f"cuda-bindings {bindings} needs a driver {need}; this driver is {this}", hint=fix)
+    return DriverError(f"aotc's runtime needs a driver for CUDA 12.4 or newer (release >= {MIN_DRIVER_RELEASE}); "
+                       f"this driver is {this}", hint=OLD_DRIVER_HINT)
 
 
 def init() -> None:
-    """cuInit, once per process, after checking that the bindings and the driver can run together."""
+    """cuInit, once per process, after checking that the driver is new enough."""
     global _initialized
     if _initialized:
         return
-    with _init_lock:
+    with _lock:
         if not _initialized:
-            version = driver_version()
-            mismatch = bindings_mismatch(version, bindings_version(), driver_release())
-            if mismatch is not None:
-                raise mismatch
-            check(cu.cuInit(0), "cuInit")
+            problem = version_problem(driver_version(), driver_release())
+            if problem is not None:
+                raise problem
+            call("cuInit", 0)
             _initialized = True
 
 
 def current_device() -> int:
     """The device of the calling thread's current context, making device 0's primary context current if none is."""
     init()
-    ctx = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if int(ctx) == 0:
+    ctx = c_void_p()
+    call("cuCtxGetCurrent", byref(ctx))
+    if not ctx.value:
         set_device(0)
-    return int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice"))
+    dev = c_int()
+    call("cuCtxGetDevice", byref(dev))
+    return dev.value
 
 
 def set_device(ordinal: int) -> None:
     """Make the primary context of `ordinal` current on this thread (what torch and CuPy use too)."""
-    init()
-    dev = check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
-    ctx = _primary_context(int(dev))
-    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    call("cuCtxSetCurrent", _primary_context(device_handle(ordinal)))
 
 
 @functools.lru_cache(maxsize=None)
-def _primary_context(dev: int):
-    return check(cu.cuDevicePrimaryCtxRetain(cu.CUdevice(dev)), "cuDevicePrimaryCtxRetain")
+def _primary_context(dev: int) -> c_void_p:
+    ctx = c_void_p()
+    call("cuDevicePrimaryCtxRetain", byref(ctx), dev)
+    return ctx
+
+
+def device_attribute(attribute: int, dev: int) -> int:
+    init()
+    value = c_int()
+    call("cuDeviceGetAttribute", byref(value), attribute, dev)
+    return value.value
 
 
 @functools.lru_cache(maxsize=None)
 def compute_capability(dev: int) -> tuple[int, int]:
-    init()
-    a = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
-    minor = check(cu.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
-    return int(major), int(minor)
+    return device_attribute(ATTR_COMPUTE_CAPABILITY_MAJOR, dev), device_attribute(ATTR_COMPUTE_CAPABILITY_MINOR, dev)
 
 
 @functools.lru_cache(maxsize=None)
 def multiprocessor_count(dev: int) -> int:
-    init()
-    a = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    return int(check(cu.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute"))
+    return device_attribute(ATTR_MULTIPROCESSOR_COUNT, dev)
 
 
 def device_count() -> int:
     init()
-    return int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
+    n = c_int()
+    call("cuDeviceGetCount", byref(n))
+    return n.value
+
+
+def device_handle(ordinal: int) -> int:
+    """The CUdevice of device `ordinal`."""
+    init()
+    dev = c_int()
+    call("cuDeviceGet", byref(dev), ordinal)
+    return dev.value
+
+
+def device_name(dev: int) -> str:
+    init()
+    name = ctypes.create_string_buffer(256)
+    call("cuDeviceGetName", name, 256, dev)
+    return name.value.decode(errors="replace")
 
 
 def runnable_archs(cc: tuple[int, int]) -> list[str]:
@@ -197,8 +287,8 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
     default stream, then synchronized, so work later enqueued on any stream sees the words)."""
     if count:
         init()
-        check(cu.cuMemsetD32Async(cu.CUdeviceptr(ptr), value, count, cu.CUstream(0)), "cuMemsetD32Async")
-        check(cu.cuStreamSynchronize(cu.CUstream(0)), "cuStreamSynchronize")
+        call("cuMemsetD32Async", ptr, value, count, None)
+        call("cuStreamSynchronize", None)
 
 
 class DeviceBuffer:
@@ -208,42 +298,39 @@ class DeviceBuffer:
     def __init__(self, nbytes: int):
         init()
         self.nbytes = nbytes
-        self.ptr = int(check(cu.cuMemAlloc(max(nbytes, 16)), f"cuMemAlloc({nbytes})"))
-        check(cu.cuMemsetD8(cu.CUdeviceptr(self.ptr), 0, max(nbytes, 16)), "cuMemsetD8")
+        ptr = c_uint64()
+        call("cuMemAlloc", byref(ptr), max(nbytes, 16))
+        self.ptr = ptr.value
+        call("cuMemsetD8", self.ptr, 0, max(nbytes, 16))
         self._free = weakref.finalize(self, _free, self.ptr)
 
 
 def _free(ptr: int) -> None:
     try:
-        cu.cuMemFree(cu.CUdeviceptr(ptr))
+        function("cuMemFree")(ptr)
     except Exception:  # at interpreter exit the driver may be gone: the process frees it anyway
         pass
 
 
 # ---- the launch hot path -------------------------------------------------------
 class Launcher:
-    """cuLaunchKernel for one kernel handle with a pre-packed void** parameter array.
+    """cuLaunchKernel of one kernel with one grid, block, shared memory size and parameter array, every
+    argument a prebuilt ctypes value (the stream's rebuilt only when it changes), so a call converts nothing."""
 
-    Holds the CUkernel object and the last stream's CUstream object so a call
-    converts nothing (measured on the H200: cuda.bindings with prebuilt handles
-    beat a ctypes call into libcuda, 6.0 against 7.0 us).
-    """
+    __slots__ = ("_launch", "_args", "_stream")
 
-    __slots__ = ("kernel", "_stream", "_stream_obj", "_launch", "_ok")
-
-    def __init__(self, kernel_handle: int):
-        self.kernel = cu.CUkernel(kernel_handle)
+    def __init__(self, kernel_handle: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                 params_addr: int):
+        self._launch = function("cuLaunchKernel")
+        self._args = (c_void_p(kernel_handle), *map(c_uint, grid), *map(c_uint, block), c_uint(smem),
+                      c_void_p(0), c_void_p(params_addr), None)
         self._stream = 0
-        self._stream_obj = cu.CUstream(0)
-        self._launch = cu.cuLaunchKernel
-        self._ok = cu.CUresult.CUDA_SUCCESS
 
-    def __call__(self, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int,
-                 params_addr: int) -> None:
+    def __call__(self, stream: int) -> None:
         if stream != self._stream:
-            self._stream_obj = cu.CUstream(stream)
+            a = self._args
+            self._args = a[:8] + (c_void_p(stream),) + a[9:]
             self._stream = stream
-        err = self._launch(self.kernel, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                           self._stream_obj, params_addr, 0)[0]
-        if err != self._ok:
-            raise driver_error("cuLaunchKernel", int(err))
+        err = self._launch(*self._args)
+        if err:
+            raise driver_error("cuLaunchKernel", err)

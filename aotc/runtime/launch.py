@@ -43,9 +43,10 @@ class ParamBuffer:
 
 
 class PreparedLaunch:
-    """One kernel, grid and parameter buffer, ready to launch on any stream of the prepared device."""
+    """One kernel, grid and parameter buffer, ready to launch on any stream of the prepared device:
+    launch(stream) is the driver.Launcher itself (a no-op for an empty grid), one Python call deep."""
 
-    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "_launch", "_params_addr")
+    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "launch")
 
     def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], device: int, values: dict):
         self.kernel = kernel
@@ -60,9 +61,5 @@ class PreparedLaunch:
         if missing:
             raise ValueError(f"prepared launch of {kernel.variant.name}: no value for parameters {sorted(missing)}")
         self.params.update(values)
-        self._params_addr = self.params.address
-        self._launch = driver.Launcher(self.handle)
-
-    def launch(self, stream: int = 0) -> None:
-        if not self.empty:
-            self._launch(self.grid, self.block, self.smem, stream, self._params_addr)
+        self.launch = (lambda stream=0: None) if self.empty else \
+            driver.Launcher(self.handle, grid, self.block, self.smem, self.params.address)

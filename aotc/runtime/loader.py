@@ -5,7 +5,7 @@ import threading
 from typing import Callable
 
 from ..common.artifact import Artifact
-from ..common.errors import AotcError, DriverError, RuntimeLoadError
+from ..common.errors import AotcError, RuntimeLoadError
 
 _MAX_DEFAULT_DYNAMIC_SMEM = 48 * 1024
 
@@ -48,13 +48,15 @@ class LoadedKernel:
                 if self.handle == 0:
                     self._load()
         if device not in self._smem_ready:
-            from .driver import check, cu
+            from . import driver
 
             smem = self.artifact.launch.dynamic_smem
             if smem > _MAX_DEFAULT_DYNAMIC_SMEM:
-                attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                check(cu.cuKernelSetAttribute(attr, smem, self._kernel, cu.CUdevice(device)),
-                      f"cuKernelSetAttribute(max dynamic smem {smem}) for {self.variant.name}")
+                code = driver.function("cuKernelSetAttribute")(driver.FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
+                                                               self._kernel, device)
+                if code:
+                    raise driver.driver_error(f"cuKernelSetAttribute(max dynamic smem {smem}) for {self.variant.name}",
+                                              code)
             self._smem_ready.add(device)
         return self.handle
 
@@ -74,18 +76,18 @@ class LoadedKernel:
 
     def _load(self) -> None:
         art = self.verified_artifact()
-        from . import driver  # the driver bindings load with the first kernel, not with the bundle
-        from .driver import check, cu
+        from ctypes import byref, c_size_t, c_void_p
+
+        from . import driver  # libcuda loads with the first kernel, not with the bundle
 
         driver.init()
+        library, kernel = c_void_p(), c_void_p()
+        code = driver.function("cuLibraryLoadData")(byref(library), art.cubin, None, None, 0, None, None, 0)
+        if code:  # the driver copies the image: the bytes need not outlive the call
+            raise RuntimeLoadError(f"the driver refused {art.variant.name}: "
+                                   f"{driver.driver_error('cuLibraryLoadData', code)}")
         try:
-            library = check(cu.cuLibraryLoadData(art.cubin, None, None, 0, None, None, 0),
-                            f"cuLibraryLoadData({art.variant.name})")
-        except DriverError as e:
-            raise RuntimeLoadError(f"the driver refused {art.variant.name}: {e}") from None
-        try:
-            kernel = check(cu.cuLibraryGetKernel(library, art.abi.symbol.encode()),
-                           f"cuLibraryGetKernel({art.abi.symbol})")
+            driver.call("cuLibraryGetKernel", byref(kernel), library, art.abi.symbol.encode())
             # the parameter count comes from the cubin's own table (asking the driver for one index
             # past the end would be an API error, which compute-sanitizer reports); each parameter's
             # offset and size come from the driver
@@ -96,24 +98,25 @@ class LoadedKernel:
             except (cubin.CubinError, KeyError) as e:
                 raise RuntimeLoadError(f"refusing {art.variant.name}: cannot read its parameter table: {e}") from None
             layout = []
+            offset, size = c_size_t(), c_size_t()
             for index in range(count):
-                offset, size = check(cu.cuKernelGetParamInfo(kernel, index), f"cuKernelGetParamInfo({index})")
-                layout.append((int(offset), int(size)))
+                driver.call("cuKernelGetParamInfo", kernel, index, byref(offset), byref(size))
+                layout.append((offset.value, size.value))
             mismatch = art.abi.check_layout(layout)
             if mismatch:
                 raise RuntimeLoadError(f"refusing {art.variant.name}: its recorded ABI disagrees with the cubin: {mismatch}")
         except BaseException:
-            cu.cuLibraryUnload(library)
+            driver.function("cuLibraryUnload")(library)
             raise
         self._library, self._kernel = library, kernel
-        self.handle = int(kernel)
+        self.handle = kernel.value
 
     def unload(self) -> None:
         with self._lock:
             if self._library is not None:
-                from .driver import cu
+                from . import driver
 
-                cu.cuLibraryUnload(self._library)
+                driver.function("cuLibraryUnload")(self._library)
             self._library = self._kernel = None
             self.handle = 0
             self._smem_ready.clear()

@@ -22,9 +22,10 @@ class Plan:
         self.kernel = kernel
         self.variant = kernel.variant
         self.device = device
-        from .launch import PreparedLaunch  # the driver bindings load with the first plan, not with load()
+        from .launch import PreparedLaunch  # libcuda loads with the first plan, not with load()
 
         self.launcher = PreparedLaunch(kernel, grid, device, values)
+        self._launch = self.launcher.launch  # run()'s last step: cuLaunchKernel with prebuilt arguments
         self._params = {p.name: p for p in kernel.artifact.abi.params}
 
     def slots(self, *names: str) -> tuple:
@@ -62,3 +63,10 @@ def cached_plan(runtime, key, make):
         plan = make()
         runtime.remember_plan(key, plan)
     return plan
+
+
+def torch_key(family: str, device: int, layouts: tuple, fixed: tuple, scalars: tuple) -> tuple:
+    """The plan-cache key of a one-call API given torch tensors: their torch_layouts (which fix every check
+    a plan makes but those on pointers), the pointers of the tensors the plan holds (caches, workspace),
+    and the call's other arguments. A plan found under it needs only the per-call pointers."""
+    return (family, "torch", device, layouts, tuple(None if t is None else t.data_ptr() for t in fixed), scalars)

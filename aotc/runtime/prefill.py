@@ -19,7 +19,8 @@ from ..common.errors import ArgumentError
 from ..families.schedulers import persistent_grid
 from . import validate as V
 from .driver import multiprocessor_count
-from .plan import Plan, cached_plan
+from .dlpack import torch_layouts
+from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
@@ -150,8 +151,8 @@ class PrefillPlan(Plan):
         qkv = ("tma_q", "tma_k", "tma_v") if isinstance(self.inputs, _TmaInputs) else ("q", "k", "v")
         self._mq, self._mk, self._mv, self._mo, self._ml, self._mcq, self._mck = self.masks(
             *qkv, "o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
-        self._spans = V.Spans({}, {"q": t["q"], "k": t["k"], "v": t["v"], "out": o_, "lse": ls, "cu_seqlens_q": cuq,
-                                   "cu_seqlens_kv": cuk})
+        self._spans = V.Spans({}, {"out": o_, "lse": ls},
+                              {"q": t["q"], "k": t["k"], "v": t["v"], "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk})
 
     @staticmethod
     def _choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize):
@@ -186,14 +187,13 @@ class PrefillPlan(Plan):
         self.inputs.set(q, k, v)
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value = out, lse, cu_seqlens_q, cu_seqlens_kv
-        self.launcher.launch(stream)
+        self._launch(stream)
 
     def checked_run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0,
                     cu_seqlens_kv: int = 0, stream: int = 0) -> None:
         """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
         overlap no input."""
-        self._spans.check_pointers({"out": out, "lse": lse}, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q,
-                                                              "cu_seqlens_kv": cu_seqlens_kv})
+        self._spans.check_pointers((out, lse), (q, k, v, cu_seqlens_q, cu_seqlens_kv))
         self.run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, stream)
 
     def __call__(self, q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_kv=None, stream=None) -> None:
@@ -350,6 +350,17 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
 def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
             cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto") -> None:
     """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
+    seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
+    if seen is not None:  # torch tensors: their layouts, and the alignment bit that picks a specialization
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
+        fast = torch_key(FAMILY, runtime.device(), seen, (), (family, causal, softmax_scale, max_seqlen_q,
+                                                              max_seqlen_kv, not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15))
+        plan = runtime.plans.get(fast)
+        if plan is not None:
+            plan.checked_run(*ptrs, 0 if lse is None else lse.data_ptr(),
+                             0 if cu_seqlens_q is None else cu_seqlens_q.data_ptr(),
+                             0 if cu_seqlens_kv is None else cu_seqlens_kv.data_ptr(), as_stream(stream))
+            return
     t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
     ls = None if lse is None else as_tensor(lse, "lse")
     cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -360,4 +371,6 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
     plan = cached_plan(runtime, key, lambda: PrefillPlan(
         runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
         cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, family=family))
+    if seen is not None:
+        runtime.remember_plan(fast, plan)
     plan.launch_records(t, ls, cuq, cuk, as_stream(stream))

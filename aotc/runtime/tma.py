@@ -8,22 +8,24 @@ re-encode only when a pointer changes.
 """
 from __future__ import annotations
 
-import struct
+import ctypes
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
-from .driver import check, cu, init
+from .driver import call, init
 
 DESCRIPTOR_BYTES = 128
 _MAX_DIM = 1 << 32      # globalDim[i] <= 2^32
 _MAX_STRIDE = 1 << 40   # globalStrides[i] < 2^40 bytes, multiples of 16
 _MAX_BOX = 256
 
-_DTYPES = {"fp16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2), "bf16": ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2)}
-_SWIZZLE = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B", 64: "CU_TENSOR_MAP_SWIZZLE_64B",
-            128: "CU_TENSOR_MAP_SWIZZLE_128B"}
-_L2 = {0: "CU_TENSOR_MAP_L2_PROMOTION_NONE", 64: "CU_TENSOR_MAP_L2_PROMOTION_L2_64B",
-       128: "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 256: "CU_TENSOR_MAP_L2_PROMOTION_L2_256B"}
+# cuda.h enum values (tests/test_runtime_driver.py compares them with cuda-bindings' enums):
+# CUtensorMapDataType FLOAT16 6, BFLOAT16 9 (with the element bytes); CUtensorMapSwizzle by span;
+# CUtensorMapL2promotion by bytes; INTERLEAVE_NONE and FLOAT_OOB_FILL_NONE (fills zeros) are 0
+_DTYPES = {"fp16": (6, 2), "bf16": (9, 2)}
+_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
+_L2 = {0: 0, 64: 1, 128: 2, 256: 3}
+_INTERLEAVE_NONE = _OOB_FILL_NONE = 0
 
 
 def element_bytes(dtype: str) -> int:
@@ -77,24 +79,13 @@ def encode_tiled(recipe: TiledRecipe, address: int) -> bytes:
         raise ArgumentError("TMA global address", hex(address), "16-byte aligned")
     init()
     rank = len(recipe.dims)
-    tm = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, _DTYPES[recipe.dtype][0]),
-        rank,
-        address,
-        [cu.cuuint64_t(d) for d in recipe.dims],
-        [cu.cuuint64_t(s) for s in recipe.strides],
-        [cu.cuuint32_t(b) for b in recipe.box],
-        [cu.cuuint32_t(1)] * rank,
-        cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(cu.CUtensorMapSwizzle, _SWIZZLE[recipe.swizzle_bytes]),
-        getattr(cu.CUtensorMapL2promotion, _L2[recipe.l2_promotion_bytes]),
-        cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE fills zeros; NAN_REQUEST_ZERO_FMA fills NaN
-    ), "cuTensorMapEncodeTiled")
-    words = [int(w) for w in tm.opaque]
-    data = struct.pack(f"<{len(words)}Q", *words)
-    if len(data) != DESCRIPTOR_BYTES:
-        raise RuntimeError(f"CUtensorMap is {len(data)} bytes, expected {DESCRIPTOR_BYTES}")
-    return data
+    room = ctypes.create_string_buffer(DESCRIPTOR_BYTES + 64)  # a CUtensorMap is 64-byte aligned (alignas(64))
+    at = -ctypes.addressof(room) % 64
+    call("cuTensorMapEncodeTiled", ctypes.addressof(room) + at, _DTYPES[recipe.dtype][0], rank, address,
+         (ctypes.c_uint64 * rank)(*recipe.dims), (ctypes.c_uint64 * max(rank - 1, 1))(*recipe.strides),
+         (ctypes.c_uint32 * rank)(*recipe.box), (ctypes.c_uint32 * rank)(*[1] * rank), _INTERLEAVE_NONE,
+         _SWIZZLE[recipe.swizzle_bytes], _L2[recipe.l2_promotion_bytes], _OOB_FILL_NONE)
+    return room.raw[at:at + DESCRIPTOR_BYTES]
 
 
 class DescriptorSlot:

@@ -129,28 +129,27 @@ def span_offsets(t: TensorArg | None) -> tuple[int, int] | None:
 class Spans:
     """Overlap checks of a plan's per-call outputs: its fixed inputs' byte ranges are known when it is
     prepared, and every per-call tensor's range is its new pointer plus offsets its fixed layout gives, so
-    a call costs a few integer comparisons (check_pointers)."""
+    a call costs a few integer comparisons (check_pointers, with pointers in the order given here)."""
 
-    def __init__(self, fixed: dict[str, TensorArg | None], per_call: dict[str, TensorArg | None]):
-        self.fixed = [(name, *t.nbytes_span()) for name, t in fixed.items()
-                      if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1]]
-        self.offsets = {name: span_offsets(t) for name, t in per_call.items()}
+    def __init__(self, fixed: dict[str, TensorArg | None], outputs: dict[str, TensorArg | None],
+                 inputs: dict[str, TensorArg | None]):
+        self.fixed = tuple((*t.nbytes_span(), name) for name, t in fixed.items()
+                           if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1])
+        self.outputs = tuple((name, span_offsets(t)) for name, t in outputs.items())
+        self.inputs = tuple((name, span_offsets(t)) for name, t in inputs.items())
 
-    def check_pointers(self, outputs: dict[str, int], inputs: dict[str, int]) -> None:
-        """No output (name -> pointer) overlaps a fixed input, an input given this call, or another output."""
-        off = self.offsets
-        ins = list(self.fixed)
-        for name, p in inputs.items():
-            o = off[name]
-            if o is not None and p:
-                ins.append((name, p + o[0], p + o[1]))
-        outs = []
-        for name, p in outputs.items():
-            o = off[name]
-            if o is not None and p:
-                outs.append((name, p + o[0], p + o[1]))
-        for i, (oname, lo, hi) in enumerate(outs):
-            for name, tlo, thi in ins + outs[i + 1:]:
-                if tlo < hi and lo < thi:
-                    raise ArgumentError(oname, f"bytes [{lo:#x}, {hi:#x})",
-                                        f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")
+    def check_pointers(self, outputs: tuple[int, ...], inputs: tuple[int, ...]) -> None:
+        """No output overlaps a fixed input, an input, or another output; `outputs` and `inputs` are pointers
+        in the order of the constructor's dicts (0: absent this call)."""
+        spans = list(self.fixed)
+        for (name, off), p in zip(self.inputs, inputs):
+            if p and off is not None:
+                spans.append((p + off[0], p + off[1], name))
+        for (name, off), p in zip(self.outputs, outputs):
+            if p and off is not None:
+                lo, hi = p + off[0], p + off[1]
+                for tlo, thi, other in spans:
+                    if tlo < hi and lo < thi:
+                        raise ArgumentError(name, f"bytes [{lo:#x}, {hi:#x})",
+                                            f"memory not overlapping {other} (bytes [{tlo:#x}, {thi:#x}))")
+                spans.append((lo, hi, name))

@@ -337,6 +337,42 @@ def test_decode_plan_call_after_a_checked_call_still_refuses_other_tensors(rt):
     assert torch.isnan(wide).all(), "a refused call launched"
 
 
+def test_runtime_decode_one_call_fast_path_still_refuses_other_tensors(rt):
+    """Runtime.decode keys its plan cache by torch layouts and the caches' pointers: a repeated layout with
+    new q/out/lse pointers launches correctly, and tensors laid out otherwise or overlapping are refused."""
+    dtype, D, kv = [v for v in decode_variants(rt) if v[2] != "dense"][0]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    cache = PagedCache([90, 1, 0], int(kv[len("paged"):]), 2, D, dtype, "HND", gen)
+    stream = torch.cuda.current_stream()
+    for step in range(3):  # the first call prepares, the later ones take the fast path with new tensors
+        q = torch.randn(3, 1, 8, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((3, 8, 1), math.nan, device="cuda")
+        rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, kv_layout="HND", stream=stream)
+        torch.cuda.synchronize()
+        for b in range(3):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(out[b], ro, TOL[dtype], f"step {step} O b={b}")
+            check_close(lse[b], rl, LSE_TOL, f"step {step} LSE b={b}")
+    in_out = out.view(-1).view(torch.float32)[:24].view(3, 8, 1)  # laid out as lse, in out's bytes
+    in_k = cache.k.view(-1)[:48].view(torch.float32).view(3, 8, 1)  # laid out as lse, in the K cache
+    poisoned = out.clone()
+    cases = [
+        (lambda: rt.decode(q, cache.k, cache.v, q, cache.seqlens, cache.page_table, lse, kv_layout="HND"), "out"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, in_out, kv_layout="HND"), "lse"),
+        (lambda: rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, in_k, kv_layout="HND"), "lse"),
+        (lambda: rt.decode(q.float(), cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, kv_layout="HND"),
+         "q"),
+    ]
+    for call, name in cases:
+        with pytest.raises(ArgumentError) as ei:
+            call(), torch.cuda.synchronize()
+        assert name in str(ei.value), (name, str(ei.value))
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), poisoned.view(torch.int16)), "a refused call launched"
+
+
 SKEWED = [0, 1, 15, 16, 17, 32768, 40000] + [3, 64, 100, 255, 511, 1000, 2047, 4096] * 2
 
 
