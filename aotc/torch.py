@@ -56,8 +56,6 @@ _lock = threading.RLock()
 _ops = None  # torch.ops.aotc once registered (a global, so torch.compile traces the wrappers below)
 _lib = None  # the torch.library.Library holding the definitions (kept alive)
 _runtime = None
-_plans: dict = {}  # (op, layout facts) -> prepared plan, for the current runtime
-MAX_PLANS = 1024
 
 
 def _torch():
@@ -80,7 +78,6 @@ def set_runtime(runtime=None, *paths) -> None:
         raise TypeError("set_runtime(runtime) or set_runtime(path, *paths)")
     with _lock:
         _runtime = runtime
-        _plans.clear()
 
 
 def get_runtime():
@@ -104,20 +101,6 @@ def _stream(torch, device: int) -> int:
     return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-def _layout(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype)
-
-
-def _plan(key, make):
-    plan = _plans.get(key)
-    if plan is None:
-        with _lock:
-            if len(_plans) >= MAX_PLANS:
-                _plans.pop(next(iter(_plans)))
-            plan = _plans[key] = make()
-    return plan
-
-
 def _on_device(torch, device: int, fn):
     """fn() with torch's (and so the driver's) current device set to `device`."""
     if torch.cuda.current_device() == device:
@@ -126,66 +109,41 @@ def _on_device(torch, device: int, fn):
         return fn()
 
 
-def _prefill_cuda(torch, q, k, v, out, lse, causal, scale, cu_q=None, cu_k=None, max_q=None, max_k=None):
-    dev = q.get_device()
-    key = ("prefill", dev, _layout(q), _layout(k), _layout(v), _layout(out), _layout(lse), _layout(cu_q),
-           _layout(cu_k), max_q, max_k, causal, scale)
-    rt = get_runtime()
-
-    def launch():
-        plan = _plan(key, lambda: rt.prepare_prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale,
-                                                      cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max_q,
-                                                      max_seqlen_kv=max_k))
-        plan.checked_run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                         0 if cu_q is None else cu_q.data_ptr(), 0 if cu_k is None else cu_k.data_ptr(),
-                         _stream(torch, dev))
-
-    _on_device(torch, dev, launch)
-
-
-def _decode_cuda(torch, q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
-    dev = q.get_device()
-    key = ("decode", dev, _layout(q), k_cache.data_ptr(), _layout(k_cache), v_cache.data_ptr(), _layout(v_cache),
-           _layout(seqlens_kv), _layout(page_table), _layout(out), _layout(lse),
-           None if workspace is None else (workspace.data_ptr(), workspace.shape, workspace.dtype),
-           kv_layout, chunks, scale)
-    rt = get_runtime()
-
-    def launch():
-        plan = _plan(key, lambda: rt.prepare_decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
-                                                     kv_layout=kv_layout, chunks=chunks, workspace=workspace,
-                                                     softmax_scale=scale))
-        plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), seqlens_kv.data_ptr(),
-                         0 if page_table is None else page_table.data_ptr(), _stream(torch, dev))
-
-    _on_device(torch, dev, launch)
-
-
 # ---- the kernels behind the ops (CUDA: plans; CPU: the runtime object's one-call methods) ------------------
+# CUDA tensors go through the Runtime's one-call APIs, whose plan cache is keyed by torch layouts (and
+# the caches' pointers): a repeated layout costs a lookup and the per-call pointer checks, no validation.
 def _prefill_into(q, k, v, out, lse, causal, scale):
-    torch = _torch()
+    torch, rt = _torch(), get_runtime()
     if q.is_cuda:
-        _prefill_cuda(torch, q, k, v, out, lse, causal, scale)
+        dev = q.get_device()
+        _on_device(torch, dev, lambda: rt.prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale,
+                                                  stream=_stream(torch, dev)))
     else:
-        get_runtime().prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=None)
+        rt.prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=None)
 
 
 def _prefill_varlen_into(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, causal, scale):
-    torch = _torch()
+    torch, rt = _torch(), get_runtime()
     if q.is_cuda:
-        _prefill_cuda(torch, q, k, v, out, lse, causal, scale, cu_q, cu_k, int(max_q), int(max_k))
+        dev = q.get_device()
+        _on_device(torch, dev, lambda: rt.prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse,
+                                                         causal=causal, softmax_scale=scale,
+                                                         stream=_stream(torch, dev)))
     else:
-        get_runtime().prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse, causal=causal,
-                                     softmax_scale=scale, stream=None)
+        rt.prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse, causal=causal, softmax_scale=scale,
+                          stream=None)
 
 
 def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
-    torch = _torch()
+    torch, rt = _torch(), get_runtime()
     if q.is_cuda:
-        _decode_cuda(torch, q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+        dev = q.get_device()
+        _on_device(torch, dev, lambda: rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
+                                                 kv_layout=kv_layout, chunks=chunks, workspace=workspace,
+                                                 softmax_scale=scale, stream=_stream(torch, dev)))
     else:
-        get_runtime().decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, kv_layout=kv_layout,
-                             chunks=chunks, workspace=workspace, softmax_scale=scale, stream=None)
+        rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, kv_layout=kv_layout, chunks=chunks,
+                  workspace=workspace, softmax_scale=scale, stream=None)
 
 
 def _outputs(q, lse_shape):

@@ -164,20 +164,20 @@ def test_launcher_passes_every_argument_and_follows_the_stream(stub):
     kernel, stream = 0x7F12_3456_7890, 0xFFFF_FFFF_0000_1000  # 64-bit handles survive whole
     launch = driver.Launcher(kernel, (132, 65535, 3), (384, 1, 2), 232448, ctypes.addressof(array))
     launch(0)
-    assert _recorded(stub, "stub_launch_args", 11) == [kernel, 132, 65535, 3, 384, 1, 2, 232448, 0,
-                                                       ctypes.addressof(array), 0]
+    assert _recorded(stub, "stub_launch_args", 12) == [kernel, 132, 65535, 3, 384, 1, 2, 232448, 0,
+                                                       ctypes.addressof(array), 0, 0]
     assert ctypes.c_uint64.in_dll(stub, "stub_first_param").value == 0x1234_5678_9ABC_DEF0
     launch(stream)
     launch(stream)
-    assert _recorded(stub, "stub_launch_args", 11)[8] == stream
+    assert _recorded(stub, "stub_launch_args", 12)[8] == stream
     launch(0)
-    assert _recorded(stub, "stub_launch_args", 11)[8] == 0 and ctypes.c_int.in_dll(stub, "stub_launches").value >= 4
+    assert _recorded(stub, "stub_launch_args", 12)[8] == 0 and ctypes.c_int.in_dll(stub, "stub_launches").value >= 4
 
 
 def test_a_failed_launch_is_a_driver_error(stub, monkeypatch):
     launch = driver.Launcher(1, (1, 1, 1), (128, 1, 1), 0, 0)
     monkeypatch.setenv("STUB_LAUNCH_CODE", "2")
-    with pytest.raises(aotc.DriverError, match="^cuLaunchKernel failed: CUDA_ERROR_OUT_OF_MEMORY$"):
+    with pytest.raises(aotc.DriverError, match="^cuLaunchKernelEx failed: CUDA_ERROR_OUT_OF_MEMORY$"):
         launch(0)
 
 

@@ -179,8 +179,6 @@ class Runtime:
                softmax_scale=None, stream=None) -> None:
         """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
         cached: a repeated call reads the tensors, looks the plan up and launches."""
-        from .decode import DecodePlan
-
         seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace)
         if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
             fast = torch_key("sdpa_decode", self.device(), seen, (k_cache, v_cache, workspace),
@@ -191,6 +189,8 @@ class Runtime:
                                  seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(),
                                  as_stream(stream))
                 return
+        from .decode import DecodePlan
+
         recs = [None if x is None else as_tensor(x, n) for x, n in
                 ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
                  (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]

@@ -2,10 +2,10 @@
 
 Why ctypes and not cuda-bindings: importing cuda.bindings.driver costs ~28 ms, more than half of the
 50 ms cold-start budget (import + load + first call), and its CUDA major must match the driver's. A
-ctypes call with prebuilt arguments costs ~0.2 us more than the bindings' (0.57-0.66 against 0.38-0.40 us per
-cuLaunchKernel, both against a stub libcuda: benchmarks/probes/launch_call_cost.py), so the launch path
-prebuilds every argument once per prepared launch. Entry points come from cuGetProcAddress_v2 at the
-CUDA 12.4 symbol versions (legacy default stream), as cuda-bindings gets them.
+launch through ctypes costs less than through the bindings when it is cuLaunchKernelEx with its four
+arguments prebuilt (0.22 us, against 0.38 us for the bindings' cuLaunchKernel; Launcher below).
+Entry points come from cuGetProcAddress_v2 at the CUDA 12.4 symbol versions (legacy default stream),
+as cuda-bindings gets them.
 
 Every failure here is a :class:`DriverError` with a hint: no libcuda on this machine, a driver older
 than the runtime needs, or a failed driver call. AOTC_LIBCUDA names another driver library.
@@ -56,7 +56,7 @@ FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 _P, _INT = POINTER, c_int
 # argument types of every entry point the runtime calls (CUresult is an int; handles are pointers;
-# CUdeviceptr is 64-bit). cuLaunchKernel is declared without them: its arguments are prebuilt (Launcher).
+# CUdeviceptr is 64-bit). cuLaunchKernelEx is declared without them: its arguments are prebuilt (Launcher).
 _PROTOTYPES = {
     "cuInit": (c_uint,),
     "cuGetErrorName": (c_int, _P(c_char_p)),
@@ -80,7 +80,7 @@ _PROTOTYPES = {
     "cuKernelGetParamInfo": (c_void_p, c_size_t, _P(c_size_t), _P(c_size_t)),
     "cuTensorMapEncodeTiled": (c_void_p, c_int, c_uint32, c_void_p, _P(c_uint64), _P(c_uint64), _P(c_uint32),
                                _P(c_uint32), c_int, c_int, c_int, c_int),
-    "cuLaunchKernel": None,
+    "cuLaunchKernelEx": None,
 }
 
 _lock = threading.RLock()  # init() holds it while library() takes it
@@ -313,24 +313,33 @@ def _free(ptr: int) -> None:
 
 
 # ---- the launch hot path -------------------------------------------------------
-class Launcher:
-    """cuLaunchKernel of one kernel with one grid, block, shared memory size and parameter array, every
-    argument a prebuilt ctypes value (the stream's rebuilt only when it changes), so a call converts nothing."""
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h): grid, block, dynamic shared memory, stream, and no launch attributes."""
 
-    __slots__ = ("_launch", "_args", "_stream")
+    _fields_ = [("grid_x", c_uint), ("grid_y", c_uint), ("grid_z", c_uint), ("block_x", c_uint),
+                ("block_y", c_uint), ("block_z", c_uint), ("shared_mem_bytes", c_uint), ("stream", c_void_p),
+                ("attrs", c_void_p), ("num_attrs", c_uint)]
+
+
+class Launcher:
+    """cuLaunchKernelEx of one kernel with one grid, block, shared memory size and parameter array, held
+    in a prebuilt CUlaunchConfig (its stream rewritten only when it changes), so a call passes four
+    prebuilt arguments: 0.22 us in ctypes, against 0.52 us for cuLaunchKernel's eleven and 0.38 us for
+    cuda-bindings' cuLaunchKernel (benchmarks/probes/launch_call_cost.py, stand-in libcuda)."""
+
+    __slots__ = ("_launch", "_args", "_config", "_stream")
 
     def __init__(self, kernel_handle: int, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                  params_addr: int):
-        self._launch = function("cuLaunchKernel")
-        self._args = (c_void_p(kernel_handle), *map(c_uint, grid), *map(c_uint, block), c_uint(smem),
-                      c_void_p(0), c_void_p(params_addr), None)
+        self._launch = function("cuLaunchKernelEx")
+        self._config = LaunchConfig(*grid, *block, smem, None, None, 0)
+        self._args = (byref(self._config), c_void_p(kernel_handle), c_void_p(params_addr), None)
         self._stream = 0
 
     def __call__(self, stream: int) -> None:
         if stream != self._stream:
-            a = self._args
-            self._args = a[:8] + (c_void_p(stream),) + a[9:]
+            self._config.stream = stream
             self._stream = stream
         err = self._launch(*self._args)
         if err:
-            raise driver_error("cuLaunchKernel", err)
+            raise driver_error("cuLaunchKernelEx", err)

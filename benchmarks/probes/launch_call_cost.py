@@ -1,13 +1,15 @@
-"""Python-side cost of one cuLaunchKernel call: cuda-bindings (prebuilt CUkernel/CUstream) against aotc's
-ctypes Launcher (prebuilt ctypes arguments), both into a stand-in libcuda whose cuLaunchKernel returns at
-once, so the difference is the binding layers alone (the driver's own cost is the same for both).
+"""Python-side cost of one launch call: cuda-bindings' cuLaunchKernel (prebuilt CUkernel/CUstream) against
+aotc's ctypes Launcher (cuLaunchKernelEx, four prebuilt arguments), both into a stand-in libcuda whose
+entry points return at once, so the difference is the binding layers alone (the driver's own cost is the
+same for both).
 
     cc -O1 -shared -fPIC -o /tmp/libcuda_stub.so tests/stub_driver/libcuda_stub.c
     LD_PRELOAD= AOTC_LIBCUDA=/tmp/libcuda_stub.so python benchmarks/probes/launch_call_cost.py /tmp/libcuda_stub.so
 
 cuda-bindings finds libcuda by its soname, so the stub directory must hold it as libcuda.so.1 and be on
 LD_LIBRARY_PATH for the bindings' row (the script makes that link and re-executes itself when needed).
-Measured on the 2-core CI-class machine: bindings 0.38-0.40 us, aotc Launcher 0.57-0.66 us per call.
+Measured on the 2-core CI-class machine: bindings 0.38-0.40 us; aotc Launcher 0.57-0.66 us with
+cuLaunchKernel's eleven ctypes arguments, 0.22 us (bare ctypes call) with cuLaunchKernelEx's four.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ static int env_int(const char *name, int fallback) {
 
 int stub_init_calls = 0;
 int stub_launches = 0;
-uint64_t stub_launch_args[11];      /* f, grid x y z, block x y z, smem, stream, params, extra */
+uint64_t stub_launch_args[12];      /* f, grid x y z, block x y z, smem, stream, params, extra, attrs|n */
 uint64_t stub_first_param = 0;      /* the 8 bytes params[0] points at */
 uint64_t stub_memset[4];            /* cuMemsetD32Async: ptr, value, count, stream */
 uint64_t stub_tensor_map[16];       /* cuTensorMapEncodeTiled: what it was given */
@@ -50,9 +50,24 @@ int cuMemsetD32Async(uint64_t ptr, unsigned v, size_t n, void *stream) {
 int cuStreamSynchronize(void *stream) { (void)stream; return 0; }
 
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned smem, void *stream, void **params, void **extra) {
-    uint64_t a[11] = {(uint64_t)(uintptr_t)f, gx, gy, gz, bx, by, bz, smem, (uint64_t)(uintptr_t)stream,
-                      (uint64_t)(uintptr_t)params, (uint64_t)(uintptr_t)extra};
+                   unsigned smem, void *stream, void **params, void **extra) {  /* what cuda-bindings calls */
+    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)smem; (void)stream; (void)extra;
+    stub_first_param = params ? *(uint64_t *)params[0] : 0;
+    return 0;
+}
+
+typedef struct {
+    unsigned grid[3], block[3], shared_mem_bytes;
+    void *stream;
+    void *attrs;
+    unsigned num_attrs;
+} launch_config;  /* CUlaunchConfig */
+
+int cuLaunchKernelEx(const launch_config *c, void *f, void **params, void **extra) {
+    uint64_t a[12] = {(uint64_t)(uintptr_t)f, c->grid[0], c->grid[1], c->grid[2], c->block[0], c->block[1],
+                      c->block[2], c->shared_mem_bytes, (uint64_t)(uintptr_t)c->stream,
+                      (uint64_t)(uintptr_t)params, (uint64_t)(uintptr_t)extra,
+                      (uint64_t)(uintptr_t)c->attrs | c->num_attrs};
     memcpy(stub_launch_args, a, sizeof a);
     stub_first_param = params ? *(uint64_t *)params[0] : 0;
     stub_launches++;
@@ -84,7 +99,7 @@ static const struct entry table[] = {
     {"cuDeviceGetName", (void *)cuDeviceGetName}, {"cuMemAlloc", (void *)cuMemAlloc},
     {"cuMemsetD8", (void *)cuMemsetD8}, {"cuMemFree", (void *)cuMemFree},
     {"cuMemsetD32Async", (void *)cuMemsetD32Async}, {"cuStreamSynchronize", (void *)cuStreamSynchronize},
-    {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
+    {"cuLaunchKernelEx", (void *)cuLaunchKernelEx}, {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
 };
 
 /* CUdriverProcAddressQueryResult: 0 found, 1 symbol not found; CUDA_ERROR_NOT_FOUND is 500 */
