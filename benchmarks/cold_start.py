@@ -4,13 +4,18 @@ aotc.runtime, load the bundle and finish the first prefill call (no compiler any
     python benchmarks/cold_start.py --bundle artifacts/default.aotc --runs 5 --out benchmarks/results
 
 Each run is a fresh Python process (this file with --child); the parent writes cold_start.json with one
-row per run (import_ms, load_ms, first_call_ms, total_ms, and which of cutlass/torch the runtime's
-import brought in: none, since torch was imported before and cutlass never is).
+row per run (import_ms, load_ms, first_call_ms, total_ms, and which of cutlass/torch/numpy/cuda the
+runtime's import brought in: none, since torch was imported before and the others never are).
+
+--bytecode compiled (the default) first byte-compiles aotc (python -m compileall), as `pip install`
+leaves an installed package; --bytecode source measures a tree with no bytecode cache, where every
+process compiles aotc's modules from source (a checkout run with PYTHONDONTWRITEBYTECODE=1).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -48,6 +53,7 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--bytecode", choices=("compiled", "source"), default="compiled")
     ap.add_argument("--child", action="store_true")
     args = ap.parse_args()
     if args.child:
@@ -57,10 +63,17 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.bench_runtime import git_commit
 
+    import shutil
+
+    for cache in (ROOT / "aotc").rglob("__pycache__"):
+        shutil.rmtree(cache)
+    if args.bytecode == "compiled":
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "aotc")], check=True)
+    env = dict(os.environ, **({"PYTHONDONTWRITEBYTECODE": "1"} if args.bytecode == "source" else {}))
     rows = []
     for _ in range(args.runs):
         r = subprocess.run([sys.executable, __file__, "--child", "--bundle", args.bundle], capture_output=True,
-                           text=True, check=True)
+                           text=True, check=True, env=env)
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     import statistics
@@ -69,9 +82,11 @@ def main() -> None:
                          text=True).stdout.strip()
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu, "git_commit": git_commit(),
               "command": "python benchmarks/cold_start.py " + " ".join(sys.argv[1:]), "bundle": args.bundle,
+              "bytecode": args.bytecode,
               "median_total_ms": statistics.median(r["total_ms"] for r in rows), "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "cold_start.json").write_text(json.dumps(result, indent=1))
+    name = "cold_start.json" if args.bytecode == "compiled" else "cold_start_source.json"
+    (Path(args.out) / name).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

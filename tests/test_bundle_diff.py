@@ -115,12 +115,13 @@ def test_machine_code_digest_tells_renames_from_code_changes(real_artifacts):
     assert machine_code(renamed) == machine_code(a)
 
 
-def test_a_bundle_made_before_keys_recorded_their_parts_is_diffed_but_not_served(tmp_path, real_artifacts, capsys):
+def test_a_bundle_made_before_keys_recorded_their_parts_is_diffed_but_not_served(tmp_path, real_artifacts, capsys,
+                                                                                 monkeypatch):
     """Bundles from an earlier aotc record no key parts and carry keys of other sources: the key check
     refuses to serve them here (the DSL is installed, so the key could have been recomputed), while
     `aotc bundle diff` reads them to say what a change did to the default bundle."""
-    from aotc.common.errors import BundleError
-    from aotc.runtime import load
+    from aotc.common.errors import BundleError, RuntimeLoadError
+    from aotc.runtime import driver, load
     from aotc.storage.bundle import read_bundle
 
     old = [dataclasses.replace(a, key=sha256_hex(b"earlier sources " + a.variant.name.encode()),
@@ -129,7 +130,13 @@ def test_a_bundle_made_before_keys_recorded_their_parts_is_diffed_but_not_served
     write_bundle(path_old, old)
     write_bundle(path_new, real_artifacts)
     with pytest.raises(BundleError, match="is not the key this aotc computes"):
-        load(path_old)
+        read_bundle(path_old)
+    # load() checks the structure only; a kernel's key is refused when dispatch first picks it
+    rt = load(path_old)
+    monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
+    for k in rt.kernels["sdpa_combine"]:
+        with pytest.raises(RuntimeLoadError, match="is not the key this aotc computes"):
+            rt.select("sdpa_combine", 0, [dict(k.variant.fields)])
     assert [a.variant for a in read_bundle(path_old, other_sources=True).artifacts] == \
         sorted((a.variant for a in real_artifacts), key=lambda v: v.name)
     assert main(["bundle", "diff", str(path_old), str(path_new)]) == 0  # same kernels; only the keys differ

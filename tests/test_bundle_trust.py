@@ -13,6 +13,7 @@ import pytest
 import aotc.runtime
 from aotc.cli import main
 from aotc.common.errors import BundleError, RuntimeLoadError
+from aotc.runtime import driver
 from aotc.storage.bundle import MANIFEST, merge_bundles, read_bundle, verify_bundle, write_bundle
 from aotc.storage.cache import Cache
 
@@ -56,7 +57,9 @@ def honest(tmp_path, real_artifacts) -> Path:
 
 
 # each case: (honest bundle, real artifacts, prefill artifact, dst) -> bad bundle; then the text the refusal
-# names and whether load() itself refuses (the header is wrong) or only the member's first use (the bytes are)
+# names and where the runtime refuses it: "load" (load() itself: the manifest's structure or a member's
+# variant record), "select" (the member's header, when dispatch first selects its kernel) or "first load"
+# (the bytes, when the kernel is first loaded); always before anything reaches the driver
 
 def _relabelled_d256(src, arts, _pf, dst):
     """The D256 kernel labelled head_dim 128 (sha256 and size untouched: they are the D256 cubin's)."""
@@ -148,27 +151,28 @@ def _nested_info(src, arts, _pf, dst):
     return rewrite(src, dst, m, mem)
 
 
-LIES = {  # name: (tamper, needle, refused by load() itself)
-    "relabelled-d256": (_relabelled_d256, "is not the key of", True),
-    "relabelled-d256-key-recomputed": (_relabelled_d256_key_recomputed, "slices_per_cta", True),
-    "relabelled-d256-old-header": (_relabelled_d256_old_header, "is not the key this aotc computes", True),
-    "symbol-not-in-cubin": (_symbol_not_in_cubin, "is not in the cubin", False),
-    "prefill-cubin-under-combine-entry": (_prefill_cubin_under_combine_entry, "parameter table", False),
-    "registers-of-another-cubin": (_registers_of_another_cubin, "registers", False),
-    "block-4096x4096": (_launch(block=[4096, 4096, 1]), "beyond CUDA's limits", True),
-    "dynamic-smem-1e9-float": (_launch(dynamic_smem=1e9), "expected an integer", True),
-    "dynamic-smem-1e9": (_launch(dynamic_smem=10 ** 9), "shared memory per block", True),
-    "key-000": (_zero_key, "is not the key of", True),
-    "unknown-field": (_unknown_field, "unknown: ['evil']", True),
-    "list-field": (_list_field, "expected a string, integer or boolean", True),
-    "nested-manifest": (_nested_manifest, "nests too deeply", True),
-    "nested-info": (_nested_info, "nests deeper than", True),
+LIES = {  # name: (tamper, needle, where the runtime refuses it)
+    "relabelled-d256": (_relabelled_d256, "is not the key of", "select"),
+    "relabelled-d256-key-recomputed": (_relabelled_d256_key_recomputed, "slices_per_cta", "select"),
+    "relabelled-d256-old-header": (_relabelled_d256_old_header, "is not the key this aotc computes", "select"),
+    "symbol-not-in-cubin": (_symbol_not_in_cubin, "is not in the cubin", "first load"),
+    "prefill-cubin-under-combine-entry": (_prefill_cubin_under_combine_entry, "parameter table", "first load"),
+    "registers-of-another-cubin": (_registers_of_another_cubin, "registers", "first load"),
+    "block-4096x4096": (_launch(block=[4096, 4096, 1]), "beyond CUDA's limits", "select"),
+    "dynamic-smem-1e9-float": (_launch(dynamic_smem=1e9), "expected an integer", "select"),
+    "dynamic-smem-1e9": (_launch(dynamic_smem=10 ** 9), "shared memory per block", "select"),
+    "key-000": (_zero_key, "is not the key of", "select"),
+    "unknown-field": (_unknown_field, "unknown: ['evil']", "select"),
+    "list-field": (_list_field, "expected a string, integer or boolean", "load"),
+    "nested-manifest": (_nested_manifest, "nests too deeply", "load"),
+    "nested-info": (_nested_info, "nests deeper than", "select"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(LIES))
-def test_a_lying_manifest_is_refused_everywhere(case, honest, tmp_path, real_artifacts, prefill_sm90, cache_dir):
-    tamper, needle, at_load = LIES[case]
+def test_a_lying_manifest_is_refused_everywhere(case, honest, tmp_path, real_artifacts, prefill_sm90, cache_dir,
+                                               monkeypatch):
+    tamper, needle, where = LIES[case]
     bad = tamper(honest, real_artifacts, prefill_sm90, tmp_path / f"{case}.aotc")
     problems = verify_bundle(bad)
     assert any(needle in p for p in problems), problems
@@ -176,13 +180,28 @@ def test_a_lying_manifest_is_refused_everywhere(case, honest, tmp_path, real_art
         read_bundle(bad)
     assert needle in str(e.value)
     assert main(["bundle", "install", str(bad)]) == 7 and Cache().keys() == []
-    if at_load:
+    if where == "load":
         with pytest.raises(BundleError) as e:
             aotc.runtime.load(bad)
         assert needle in str(e.value)
         return
-    # the header is consistent: load() takes it, and the member is refused when first loaded, before the driver
-    rt = aotc.runtime.load(bad)
+    rt = aotc.runtime.load(bad)  # the manifest's structure is fine
+    if where == "select":
+        # the member's header is refused when dispatch first picks its kernel, naming it; the others serve
+        monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
+        refused = []
+        for k in list(rt.kernels["sdpa_combine"]):
+            try:
+                assert rt.select("sdpa_combine", 0, [dict(k.variant.fields)]) is k
+            except RuntimeLoadError as e:
+                refused.append((k, str(e)))
+        ((bad_kernel, message),) = refused
+        assert needle in message and bad_kernel.variant.name in message and "member 'kernels/" in message
+        with pytest.raises(RuntimeLoadError, match="refusing"):  # and again, on every later use
+            bad_kernel.ensure_loaded(0)
+        assert not bad_kernel.loaded
+        return
+    # the header is consistent: the member is refused when first loaded, before the driver
     (bad_kernel,) = [k for k in rt.kernels["sdpa_combine"] if k.variant == real_artifacts[0].variant]
     with pytest.raises(RuntimeLoadError) as e:
         bad_kernel.ensure_loaded(0)

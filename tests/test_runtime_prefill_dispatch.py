@@ -101,6 +101,7 @@ def test_dispatch_prefers_hopper_only_where_it_runs(monkeypatch):
 
     want = dict(dtype="bf16", head_dim=128, layout="dense", causal=False)
     runtime = rt_mod.Runtime([])
+    monkeypatch.setattr(runtime, "_fits", lambda k: True)  # dispatch order only (headers: test_bundle_trust.py)
     runtime.kernels = {"sdpa_prefill_sm90": [kern("sdpa_prefill_sm90", "sm_90a", **want)],
                        "sdpa_prefill": [kern("sdpa_prefill", "sm_80", strides="general", **want)]}
     monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
@@ -118,6 +119,7 @@ def test_long_kv_runs_the_widest_tile_and_short_the_narrowest(monkeypatch):
 
     want = dict(dtype="bf16", head_dim=128, layout="dense", causal=False)
     runtime = rt_mod.Runtime([])
+    monkeypatch.setattr(runtime, "_fits", lambda k: True)  # dispatch order only (headers: test_bundle_trust.py)
     runtime.kernels = {HOPPER: [kern(**want, block_n=128), kern(**want, block_n=176),
                                 kern(**{**want, "head_dim": 256}, block_n=80)]}
     monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))

@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 from dataclasses import dataclass, field
 
 from .abi import KernelABI, LaunchFacts, Param
+from .header import identity
 from .untrusted import check_plain_json
 from .variant import Variant
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
 
 @dataclass(frozen=True)
 class Artifact:
@@ -67,27 +63,15 @@ class Artifact:
         For readers that check the bytes later (the runtime reads a bundle member on first use); the
         artifact must not be written anywhere until from_header() has checked its cubin. Raises
         ValueError naming the first malformed field."""
-        if not isinstance(header, dict):
-            raise ValueError(f"an artifact header must be a JSON object, got {type(header).__name__}")
-        for name in ("variant", "key", "abi", "launch", "sha256", "size"):
-            if name not in header:
-                raise ValueError(f"no {name!r} in the header")
-        key, sha, size, info = header["key"], header["sha256"], header["size"], header.get("info", {})
-        if not isinstance(key, str):
-            raise ValueError(f"key {key!r} is not a string")
-        if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
-            raise ValueError(f"sha256 {str(sha)[:80]!r} is not a sha256 hex digest")
-        if type(size) is not int or size < 0:
-            raise ValueError(f"size {str(size)[:40]!r} is not a byte count")
+        variant, key, sha, size = identity(header)
+        info = header.get("info", {})
         if not isinstance(info, dict):
             raise ValueError(f"info must be an object, got {type(info).__name__}")
         launch = _launch_from_json(header["launch"])
         check_plain_json(info, "info")
         check_plain_json(launch.extra, "launch extra")
-        art = cls(Variant.from_json(header["variant"]), key, _abi_from_json(header["abi"]), launch, b"", sha,
-                  dict(info))
+        art = cls(variant, key, _abi_from_json(header["abi"]), launch, b"", sha, dict(info))
         return art, size
-
 
 # Headers are parsed here rather than by KernelABI/LaunchFacts.from_json: aotc.common.abi is part of every
 # family's source digest (and so of every cache key), and these checks change no kernel.
@@ -100,11 +84,9 @@ def _abi_from_json(d) -> KernelABI:
         raise ValueError(f"abi of {d['symbol'][:80]!r}: 'params' must be a list, got {_clip(params)}")
     return KernelABI(d["symbol"], _params_from_json(params))
 
-
 # parameter lists already parsed, with the JSON they came from: a bundle's kernels share a few lists,
 # and comparing with those (a C-level comparison) is much cheaper than parsing every entry's afresh
 _PARAMS_SEEN: list[tuple[list, tuple[Param, ...]]] = []
-
 
 def _params_from_json(params: list) -> tuple[Param, ...]:
     for seen_json, parsed in _PARAMS_SEEN:
@@ -131,7 +113,6 @@ def _params_from_json(params: list) -> tuple[Param, ...]:
         _PARAMS_SEEN.append(([dict(p) for p in params], parsed))
     return parsed
 
-
 def _launch_from_json(d) -> LaunchFacts:
     """Integers where integers go (1e9, "128" and true are refused, not coerced); checks.py bounds them."""
     if not isinstance(d, dict):
@@ -144,12 +125,10 @@ def _launch_from_json(d) -> LaunchFacts:
     return LaunchFacts(_dim3(d.get("block"), "block"), _dim3(d.get("cluster", [1, 1, 1]), "cluster"), smem, rule,
                        dict(extra))
 
-
 def _dim3(v, what: str) -> tuple[int, int, int]:
     if not isinstance(v, list) or len(v) != 3 or not all(type(x) is int for x in v):
         raise ValueError(f"launch {what} = {_clip(v)}: expected three integers")
     return tuple(v)
-
 
 def _clip(v, n: int = 60) -> str:
     r = repr(v)

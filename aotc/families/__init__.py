@@ -56,7 +56,7 @@ class Family:
         # kernel with it and picks the ptxas level from its stack-frame figure) and every shared kernel
         # module (compile helper, masks, softmax, MMA blocks, schedulers); not the other families' files,
         # so adding or editing a family rebuilds nothing else
-        others = {f"{name}.py" for name in _FAMILIES if name != self.name}
+        others = {f"{name}.py" for name in (*_MODULES, *_FAMILIES) if name != self.name}
         files = [here / f"{self.name}.py", common / "abi.py", common / "cubin.py",
                  *sorted(p for p in kernels.glob("*.py") if p.name not in others)]
         for path in files:
@@ -69,6 +69,8 @@ class Family:
 
 
 _FAMILIES: dict[str, Family] = {}
+# the modules of this package that describe a family (each registers itself, under its module's name)
+_MODULES = ("sdpa_combine", "sdpa_decode", "sdpa_prefill", "sdpa_prefill_sm90")
 
 
 def register(family: Family) -> Family:
@@ -77,10 +79,14 @@ def register(family: Family) -> Family:
 
 
 def get_family(name: str) -> Family:
-    _load_all()
+    """The family `name`, importing only its own module (the runtime's first kernel call checks one
+    member's header: importing all four descriptions costs ~4 ms without a bytecode cache)."""
+    if name not in _FAMILIES and name in _MODULES:
+        importlib.import_module(f"{__name__}.{name}")
     try:
         return _FAMILIES[name]
     except KeyError:
+        _load_all()
         raise KeyError(f"unknown kernel family {name!r}; known: {sorted(_FAMILIES)}") from None
 
 
@@ -90,4 +96,5 @@ def all_families() -> dict[str, Family]:
 
 
 def _load_all() -> None:
-    from . import sdpa_combine, sdpa_decode, sdpa_prefill, sdpa_prefill_sm90  # noqa: F401  (each registers itself)
+    for name in _MODULES:
+        importlib.import_module(f"{__name__}.{name}")

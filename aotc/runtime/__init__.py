@@ -18,43 +18,50 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from ..common.artifact import Artifact
 from ..common.errors import RuntimeLoadError
-from .dlpack import torch_layouts
-from .plan import cached_plan, torch_key
-from .tensors import TensorArg, as_stream, as_tensor, tensor
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
+
+
+def __getattr__(name: str):
+    """The tensor records (TensorArg, tensor, as_stream from aotc.runtime.tensors; as_tensor from
+    aotc.runtime.dlpack), imported on first use (PEP 562): the two modules take ~3.5 ms to compile without
+    a bytecode cache (measured here) and only a call needs them, not import or load()."""
+    if name in ("TensorArg", "tensor", "as_stream"):
+        from . import tensors
+
+        value = getattr(tensors, name)
+    elif name == "as_tensor":
+        from .dlpack import as_tensor as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 class Runtime:
     """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields."""
 
     def __init__(self, artifacts: Iterable, sources: list[str] | None = None):
-        """artifacts: Artifacts, or bundle members (aotc.storage.bundle_reader.BundleMember) whose bytes
-        are read and checked when the kernel is first loaded into the driver."""
-        from ..common.checks import same_params
-        from ..families import all_families
+        """artifacts: Artifacts, or bundle members (aotc.storage.bundle_reader.BundleMember) whose header
+        is checked when dispatch first selects the kernel and whose bytes are read and checked when it is
+        first loaded into the driver (aotc.runtime.loader.LoadedKernel)."""
         from .loader import LoadedKernel
 
         self.sources = list(sources or [])
         self.kernels: dict[str, list[LoadedKernel]] = {}
         # kernels whose parameter list is not the one this runtime fills (built by an aotc whose family
-        # had another ABI, e.g. an old cache entry or bundle): never launched, named when nothing else fits
+        # had another ABI, e.g. an old cache entry or bundle): set aside when dispatch first picks them
+        # (_fits), never launched, named when nothing else fits
         self.other_abi: list[str] = []
-        families = all_families()
+        self._fitting: set = set()  # kernels whose header and parameter list _fits has accepted
         seen: set[tuple] = set()
         for item in artifacts:
-            art, read = (item, None) if isinstance(item, Artifact) else (item.artifact, item.read)
-            ident = (art.variant, art.sha256)
+            ident = (item.variant, item.sha256)
             if ident in seen:
                 continue
-            fam = families.get(art.variant.family)
-            if fam is not None and not same_params(art.abi.params, fam.params(art.variant)):
-                self.other_abi.append(art.variant.name)
-                continue
             seen.add(ident)
-            self.kernels.setdefault(art.variant.family, []).append(LoadedKernel(art, read))
+            self.kernels.setdefault(item.variant.family, []).append(LoadedKernel(item))
         self.plans: dict = {}  # layout key -> prepared plan, for the one-call APIs
         self._lock = threading.Lock()
         self.load_seconds = 0.0
@@ -70,10 +77,20 @@ class Runtime:
         return driver.current_device()
 
     def find(self, family: str, device: int, candidates: list[dict]):
-        """The first kernel matching a candidate field set (most specialized first), best arch first; or None."""
+        """The first kernel matching a candidate field set (most specialized first), best arch first; or None.
+
+        The kernel found is checked before it is returned (_fits): a bundle member whose header is refused
+        is a RuntimeLoadError naming it (nothing else is tried in its place), one built with another
+        parameter list is set aside and the search goes on."""
         from . import driver
 
         archs = driver.runnable_archs(driver.compute_capability(device))
+        while True:
+            k = self._first_match(family, archs, candidates)
+            if k is None or self._fits(k):
+                return k
+
+    def _first_match(self, family: str, archs, candidates: list[dict]):
         pool = self.kernels.get(family, [])
         for want in candidates:
             for arch in archs:
@@ -82,6 +99,32 @@ class Runtime:
                     if v.arch == arch and all(v.get(f) == val for f, val in want.items()):
                         return k
         return None
+
+    def _fits(self, k) -> bool:
+        """Check a kernel when dispatch first picks it: its header (k.artifact; a RuntimeLoadError for a
+        refused one), then its parameter list against its family's; one with another list leaves the pool
+        for other_abi (False)."""
+        if k in self._fitting:
+            return True
+        from ..common.checks import same_params
+        from ..families import get_family
+
+        art = k.artifact
+        try:
+            fam = get_family(art.variant.family)
+        except KeyError:
+            fam = None
+        with self._lock:
+            if fam is not None and not same_params(art.abi.params, fam.params(art.variant)):
+                pool = self.kernels.get(art.variant.family, [])
+                if k in pool:
+                    pool.remove(k)
+                    self.other_abi.append(art.variant.name)
+                if not pool:
+                    self.kernels.pop(art.variant.family, None)
+                return False
+            self._fitting.add(k)
+        return True
 
     def select(self, family: str, device: int, candidates: list[dict]):
         """Like find(), but a missing kernel is a RuntimeLoadError naming what is loaded."""
@@ -101,6 +144,8 @@ class Runtime:
             hint="rebuild the bundle with this aotc (aotc build)" if other else None)
 
     def field_values(self, family: str, field: str, device: int) -> set:
+        """The values of `field` among the loaded kernels of `family` for `device` (their headers are checked
+        only when one is selected)."""
         from . import driver
 
         archs = set(driver.runnable_archs(driver.compute_capability(device)))
@@ -179,32 +224,10 @@ class Runtime:
                softmax_scale=None, stream=None) -> None:
         """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
         cached: a repeated call reads the tensors, looks the plan up and launches."""
-        seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace)
-        if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
-            fast = torch_key("sdpa_decode", self.device(), seen, (k_cache, v_cache, workspace),
-                             (max_seqlen_kv, kv_layout, chunks, softmax_scale))
-            plan = self.plans.get(fast)
-            if plan is not None:
-                plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                                 seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(),
-                                 as_stream(stream))
-                return
-        from .decode import DecodePlan
+        from .decode import decode
 
-        recs = [None if x is None else as_tensor(x, n) for x, n in
-                ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
-                 (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
-        qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
-        key = ("sdpa_decode", self.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
-               tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
-               max_seqlen_kv, kv_layout, chunks, softmax_scale)
-        plan = cached_plan(self, key, lambda: DecodePlan(
-            self, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
-            workspace=wsr, softmax_scale=softmax_scale))
-        if seen is not None:
-            self.remember_plan(fast, plan)
-        plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr,
-                         0 if ptr is None else ptr.ptr, as_stream(stream))
+        decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
+               kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale, stream=stream)
 
     MAX_PLANS = 1024
 
@@ -230,10 +253,11 @@ def load(*sources: str | Path, cache: bool | None = None, installed: bool | None
     3. every verified entry of the local cache (AOTC_CACHE_DIR) whose key this aotc computes for its
        variant (entries of other aotc, DSL or kernel-source versions are stale and never served).
 
-    cache=False / installed=False leave those out. A bundle's directory and manifest are checked here
-    (structure, sizes, duplicates, variant fields, keys, launch limits); each member's bytes are read,
-    sha256-checked and checked as a cubin when its kernel is first loaded into the driver, and one that
-    fails is a RuntimeLoadError naming it, before any launch. Loading needs no GPU. Raises BundleError
+    cache=False / installed=False leave those out. A bundle's directory and manifest's structure are
+    checked here (format, sizes, variant records, duplicates; aotc.storage.bundle_reader.open_bundle);
+    each member's header (family rules, key, launch limits) when dispatch first selects its kernel, and
+    its bytes (sha256, the cubin) when it is first loaded into the driver: one that fails is a
+    RuntimeLoadError naming it, before anything reaches the driver. Loading needs no GPU. Raises BundleError
     for an unreadable bundle (a broken installed one names its entry point) and RuntimeLoadError when
     nothing is found.
     """

@@ -36,8 +36,8 @@ from ..families.schedulers import MAX_DECODE_CHUNKS, decode_chunks, decode_colum
 from ..families.sdpa_decode import KV_CHOICES, MAX_SEQLEN_Q
 from . import driver
 from . import validate as V
-from .plan import Plan
 from .dlpack import torch_layouts
+from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
 FAMILY = "sdpa_decode"
@@ -321,3 +321,32 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     return DecodeShape(batch, seqlen_q, heads_q, head_dim, heads_kv, page,
                        (k.strides[0], k.strides[tok_ax], k.strides[head_ax]),
                        (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))
+
+
+def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
+           kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, stream=None) -> None:
+    """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached."""
+    seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace)
+    if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
+        fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace),
+                         (max_seqlen_kv, kv_layout, chunks, softmax_scale))
+        plan = runtime.plans.get(fast)
+        if plan is not None:
+            plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                             seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(),
+                             as_stream(stream))
+            return
+    recs = [None if x is None else as_tensor(x, n) for x, n in
+            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
+             (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
+    qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
+    key = (FAMILY, runtime.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
+           tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
+           max_seqlen_kv, kv_layout, chunks, softmax_scale)
+    plan = cached_plan(runtime, key, lambda: DecodePlan(
+        runtime, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
+        workspace=wsr, softmax_scale=softmax_scale))
+    if seen is not None:
+        runtime.remember_plan(fast, plan)
+    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr, 0 if ptr is None else ptr.ptr,
+                     as_stream(stream))

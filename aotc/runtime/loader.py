@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from ..common.artifact import Artifact
 from ..common.errors import AotcError, RuntimeLoadError
+
+if TYPE_CHECKING:
+    from ..common.artifact import Artifact
 
 _MAX_DEFAULT_DYNAMIC_SMEM = 48 * 1024
 
@@ -17,16 +19,21 @@ class LoadedKernel:
     context of the process; the kernel handle is launched directly
     (cuLaunchKernel accepts a CUkernel).
 
-    `read` (a bundle member's, aotc.storage.bundle_reader.BundleMember.read): the artifact holds the
-    manifest's facts only, and its bytes are read, sha256-checked and checked as a cubin on first use,
-    before anything reaches the driver. A member that fails is a RuntimeLoadError naming it, raised
-    again on every later use; no other kernel is tried in its place.
+    `source`: an Artifact (checked, with its bytes), or a bundle member
+    (aotc.storage.bundle_reader.BundleMember) of which only the variant and identity are checked: its
+    header is checked when `artifact` is first read (the runtime's dispatch does it when it first selects
+    the kernel), and its bytes are read, sha256-checked and checked as a cubin on first load, before
+    anything reaches the driver. A member that fails either is a RuntimeLoadError naming it, raised again
+    on every later use; no other kernel is tried in its place.
     """
 
-    def __init__(self, artifact: Artifact, read: Callable[[], Artifact] | None = None):
-        self.artifact = artifact
-        self._read = read
-        self._read_error: RuntimeLoadError | None = None
+    def __init__(self, source):
+        if hasattr(source, "checked_header"):  # a bundle member
+            self._member, self._artifact = source, None
+        else:
+            self._member, self._artifact = None, source
+        self.variant = source.variant  # what dispatch compares: parsed and checked for its types at load
+        self._error: RuntimeLoadError | None = None
         self._lock = threading.Lock()
         self._library = None
         self._kernel = None
@@ -34,8 +41,12 @@ class LoadedKernel:
         self._smem_ready: set[int] = set()
 
     @property
-    def variant(self):
-        return self.artifact.variant
+    def artifact(self) -> Artifact:
+        """The artifact's facts, its header checked now if it was not yet; its cubin is empty until
+        verified_artifact(). RuntimeLoadError names a member whose header is refused."""
+        if self._artifact is None:
+            self._artifact = self._from_member(self._member.checked_header)
+        return self._artifact
 
     @property
     def loaded(self) -> bool:
@@ -62,17 +73,19 @@ class LoadedKernel:
 
     def verified_artifact(self) -> Artifact:
         """The artifact with its cubin bytes, read and checked now if they were not yet (see the class)."""
-        if self._read is not None:
-            if self._read_error is not None:
-                raise self._read_error
-            try:
-                self.artifact = self._read()
-            except AotcError as e:
-                self._read_error = RuntimeLoadError(f"refusing {self.variant.name}: {e}",
-                                                    hint="rebuild or re-download the bundle")
-                raise self._read_error from None
-            self._read = None
-        return self.artifact
+        if self._member is not None:
+            self._artifact = self._from_member(self._member.read)  # checks the header first
+            self._member = None
+        return self._artifact
+
+    def _from_member(self, step):
+        if self._error is not None:
+            raise self._error
+        try:
+            return step()
+        except AotcError as e:
+            self._error = RuntimeLoadError(f"refusing {self.variant.name}: {e}", hint="rebuild or re-download the bundle")
+            raise self._error from None
 
     def _load(self) -> None:
         art = self.verified_artifact()
