@@ -83,7 +83,7 @@ def test_tiled_recipe_check(field, value, match):
 
 def test_descriptor_reencoded_only_for_a_new_pointer(monkeypatch):
     calls = []
-    monkeypatch.setattr(tma, "encode_tiled", lambda recipe, address: calls.append(address) or bytes(128))
+    monkeypatch.setattr(tma.Encoder, "__call__", lambda self, address: calls.append(address) or bytes(128))
     slot = tma.DescriptorSlot(tma.TiledRecipe("bf16", (128, 64), (256,), (64, 64)), 0x1000)
     assert calls == [0x1000]
     assert slot.update(0x1000) is None and calls == [0x1000]

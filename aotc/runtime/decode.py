@@ -205,8 +205,9 @@ class DecodePlan(Plan):
         """One decode step on tensors shaped like the prepared ones."""
         seen = torch_layouts(q, out, lse) if seqlens_kv is None and page_table is None else None
         if seen is not None and seen == self._torch_seen:  # torch tensors laid out as ones checked before
-            self.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(), 0, 0,
-                             as_stream(stream))
+            q, out, lse = q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr()
+            self._spans.check_pointers((out, lse), (q, self._sl_ptr, self._pt_ptr))
+            self.run(q, out, lse, 0, 0, as_stream(stream))
             return
         q_, o_ = as_tensor(q, "q"), as_tensor(out, "out")
         ls = None if lse is None else as_tensor(lse, "lse")

@@ -71,37 +71,56 @@ class TiledRecipe:
 _STAND_IN_ADDRESS = 1 << 12
 
 
+class Encoder:
+    """cuTensorMapEncodeTiled for one recipe: every argument but the address built once, and a 64-byte
+    aligned scratch descriptor (a CUtensorMap is alignas(64)) written by each call; encoding a new pointer
+    then costs the driver call alone."""
+
+    __slots__ = ("_args", "_room", "_at")
+
+    def __init__(self, recipe: TiledRecipe):
+        rank = len(recipe.dims)
+        # (data type, rank) before the address, (dims, strides, box, element strides, interleave, swizzle,
+        # L2 promotion, out-of-bounds fill) after it
+        self._args = (_DTYPES[recipe.dtype][0], rank, (ctypes.c_uint64 * rank)(*recipe.dims),
+                      (ctypes.c_uint64 * max(rank - 1, 1))(*recipe.strides), (ctypes.c_uint32 * rank)(*recipe.box),
+                      (ctypes.c_uint32 * rank)(*[1] * rank), _INTERLEAVE_NONE, _SWIZZLE[recipe.swizzle_bytes],
+                      _L2[recipe.l2_promotion_bytes], _OOB_FILL_NONE)
+        self._room = ctypes.create_string_buffer(DESCRIPTOR_BYTES + 64)
+        self._at = ctypes.addressof(self._room) + -ctypes.addressof(self._room) % 64
+
+    def __call__(self, address: int) -> bytes:
+        """The 128 descriptor bytes for `address` (the kernel parameter)."""
+        if address == 0:
+            address = _STAND_IN_ADDRESS
+        if address % 16:
+            raise ArgumentError("TMA global address", hex(address), "16-byte aligned")
+        init()
+        a = self._args
+        call("cuTensorMapEncodeTiled", self._at, a[0], a[1], address, *a[2:])
+        return ctypes.string_at(self._at, DESCRIPTOR_BYTES)
+
+
 def encode_tiled(recipe: TiledRecipe, address: int) -> bytes:
     """cuTensorMapEncodeTiled -> the 128 descriptor bytes (the kernel parameter)."""
-    if address == 0:
-        address = _STAND_IN_ADDRESS
-    if address % 16:
-        raise ArgumentError("TMA global address", hex(address), "16-byte aligned")
-    init()
-    rank = len(recipe.dims)
-    room = ctypes.create_string_buffer(DESCRIPTOR_BYTES + 64)  # a CUtensorMap is 64-byte aligned (alignas(64))
-    at = -ctypes.addressof(room) % 64
-    call("cuTensorMapEncodeTiled", ctypes.addressof(room) + at, _DTYPES[recipe.dtype][0], rank, address,
-         (ctypes.c_uint64 * rank)(*recipe.dims), (ctypes.c_uint64 * max(rank - 1, 1))(*recipe.strides),
-         (ctypes.c_uint32 * rank)(*recipe.box), (ctypes.c_uint32 * rank)(*[1] * rank), _INTERLEAVE_NONE,
-         _SWIZZLE[recipe.swizzle_bytes], _L2[recipe.l2_promotion_bytes], _OOB_FILL_NONE)
-    return room.raw[at:at + DESCRIPTOR_BYTES]
+    return Encoder(recipe)(address)
 
 
 class DescriptorSlot:
     """One descriptor of a prepared plan: re-encoded only when its pointer changes."""
 
-    __slots__ = ("recipe", "address", "data")
+    __slots__ = ("recipe", "address", "data", "_encode")
 
     def __init__(self, recipe: TiledRecipe, address: int):
         self.recipe = recipe
         self.address = address
-        self.data = encode_tiled(recipe, address)
+        self._encode = Encoder(recipe)
+        self.data = self._encode(address)
 
     def update(self, address: int) -> bytes | None:
         """New descriptor bytes, or None when the pointer is unchanged."""
         if address == self.address:
             return None
-        self.data = encode_tiled(self.recipe, address)
+        self.data = self._encode(address)
         self.address = address
         return self.data

@@ -135,20 +135,24 @@ class Spans:
                  inputs: dict[str, TensorArg | None]):
         self.fixed = tuple((*t.nbytes_span(), name) for name, t in fixed.items()
                            if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1])
+        # the fixed inputs' hull: an output wholly outside it (the usual case: caches are allocations of
+        # their own) is compared with the per-call tensors only
+        self.hull = (min(f[0] for f in self.fixed), max(f[1] for f in self.fixed)) if self.fixed else (0, 0)
         self.outputs = tuple((name, span_offsets(t)) for name, t in outputs.items())
         self.inputs = tuple((name, span_offsets(t)) for name, t in inputs.items())
 
     def check_pointers(self, outputs: tuple[int, ...], inputs: tuple[int, ...]) -> None:
         """No output overlaps a fixed input, an input, or another output; `outputs` and `inputs` are pointers
         in the order of the constructor's dicts (0: absent this call)."""
-        spans = list(self.fixed)
+        spans = []
         for (name, off), p in zip(self.inputs, inputs):
             if p and off is not None:
                 spans.append((p + off[0], p + off[1], name))
+        hull_lo, hull_hi = self.hull
         for (name, off), p in zip(self.outputs, outputs):
             if p and off is not None:
                 lo, hi = p + off[0], p + off[1]
-                for tlo, thi, other in spans:
+                for tlo, thi, other in (spans if hi <= hull_lo or lo >= hull_hi else self.fixed + tuple(spans)):
                     if tlo < hi and lo < thi:
                         raise ArgumentError(name, f"bytes [{lo:#x}, {hi:#x})",
                                             f"memory not overlapping {other} (bytes [{tlo:#x}, {thi:#x}))")
