@@ -55,7 +55,7 @@ def gpu() -> dict:
         from .runtime import driver
 
         version = driver.driver_version()  # needs no cuInit, so it answers even for a driver too old to use
-        info["libcuda"] = driver.library()._name
+        info["libcuda"] = driver.library_name()
         info["driver"] = f"{version // 1000}.{version % 1000 // 10}"
         info["driver_release"] = driver.driver_release()
         problem = driver.version_problem(version, info["driver_release"])

@@ -114,13 +114,10 @@ def pretend_driver(monkeypatch):
     def no_device():
         raise aotc.DriverError("cuDeviceGetCount failed: CUDA_ERROR_NO_DEVICE")
 
-    class Library:
-        _name = "libcuda.so.1"
-
     def install(version: int, release: str | None):
         monkeypatch.setattr(driver, "_initialized", False)
         monkeypatch.setattr(driver, "driver_version", lambda: version)
-        monkeypatch.setattr(driver, "library", lambda: Library)
+        monkeypatch.setattr(driver, "library_name", lambda: "libcuda.so.1")
         monkeypatch.setattr(driver, "driver_release", lambda: release)
         monkeypatch.setattr(driver, "device_count", no_device)
 

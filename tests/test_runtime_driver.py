@@ -182,11 +182,11 @@ def test_a_failed_launch_is_a_driver_error(stub, monkeypatch):
 
 
 def test_tma_descriptor_encoding_passes_the_recipe(stub):
-    from aotc.runtime.tma import DESCRIPTOR_BYTES, TiledRecipe, encode_tiled
+    from aotc.runtime.tma import DESCRIPTOR_BYTES, Encoder, TiledRecipe
 
     recipe = TiledRecipe("bf16", dims=(128, 4096, 16, 3), strides=(4096, 1 << 24, 1 << 28), box=(64, 128, 1, 1),
                          swizzle_bytes=128, l2_promotion_bytes=256)
-    data = encode_tiled(recipe, 0x7F00_0000_1000)
+    data = Encoder(recipe)(0x7F00_0000_1000)
     assert len(data) == DESCRIPTOR_BYTES and data[:8] == (0xA0C0000000000000).to_bytes(8, "little")
     m = _recorded(stub, "stub_tensor_map", 16)
     assert m[0] == 0x7F00_0000_1000

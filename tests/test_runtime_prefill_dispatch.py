@@ -92,7 +92,7 @@ def test_descriptor_reencoded_only_for_a_new_pointer(monkeypatch):
 
 def test_misaligned_address_is_refused_before_the_driver():
     with pytest.raises(ArgumentError, match="16-byte aligned"):
-        tma.encode_tiled(tma.TiledRecipe("bf16", (128, 64), (256,), (64, 64)), 0x1008)
+        tma.Encoder(tma.TiledRecipe("bf16", (128, 64), (256,), (64, 64)))(0x1008)
 
 
 def test_dispatch_prefers_hopper_only_where_it_runs(monkeypatch):

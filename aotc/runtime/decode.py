@@ -187,8 +187,7 @@ class DecodePlan(Plan):
             return
         if q & self._mq or out & self._mo or lse & self._ml or seqlens_kv & self._msl or page_table & self._mpt:
             raise self.misaligned(("q", "o", "lse", "seqlens_kv", "page_table"), (q, out, lse, seqlens_kv, page_table))
-        if self.has_lse == (lse == 0):
-            self.check_lse(lse)  # raises
+        self.check_lse(lse)
         if page_table and not self.paged:
             raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
         s = self._slots

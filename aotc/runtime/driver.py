@@ -54,7 +54,7 @@ ATTR_COMPUTE_CAPABILITY_MAJOR = 75
 ATTR_COMPUTE_CAPABILITY_MINOR = 76
 FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
-_P, _INT = POINTER, c_int
+_P = POINTER
 # argument types of every entry point the runtime calls (CUresult is an int; handles are pointers;
 # CUdeviceptr is 64-bit). cuLaunchKernelEx is declared without them: its arguments are prebuilt (Launcher).
 _PROTOTYPES = {
@@ -85,6 +85,7 @@ _PROTOTYPES = {
 
 _lock = threading.RLock()  # init() holds it while library() takes it
 _lib = None
+_lib_name = ""  # the name the library was loaded by
 _functions: dict = {}
 _initialized = False
 
@@ -94,11 +95,12 @@ def driver_error(what: str, code: int) -> DriverError:
     return DriverError(f"{what} failed: {name}", hint=_HINTS.get(name, DEFAULT_HINT))
 
 
-def call(name: str, *args) -> None:
-    """Call driver entry point `name`, raising DriverError (naming it) when it does not return CUDA_SUCCESS."""
+def call(name: str, *args, what: str | None = None) -> None:
+    """Call driver entry point `name`, raising DriverError (naming `what`, else the entry point) when it does
+    not return CUDA_SUCCESS."""
     code = function(name)(*args)
     if code:
-        raise driver_error(name, code)
+        raise driver_error(what or name, code)
 
 
 def error_name(code: int) -> str:
@@ -114,7 +116,7 @@ def error_name(code: int) -> str:
 # ---- the library, its version and its entry points ------------------------------------------------
 def library() -> ctypes.CDLL:
     """libcuda (nvcuda.dll on Windows, or AOTC_LIBCUDA), loaded once; DriverError when there is none."""
-    global _lib
+    global _lib, _lib_name
     if _lib is None:
         with _lock:
             if _lib is None:
@@ -123,7 +125,7 @@ def library() -> ctypes.CDLL:
                 errors = []
                 for name in names:
                     try:
-                        _lib = ctypes.CDLL(name)
+                        _lib, _lib_name = ctypes.CDLL(name), name
                         break
                     except OSError as e:
                         errors.append(e)
@@ -133,13 +135,19 @@ def library() -> ctypes.CDLL:
     return _lib
 
 
+def library_name() -> str:
+    """The name libcuda was loaded by (loading it if it was not yet)."""
+    library()
+    return _lib_name
+
+
 def driver_version() -> int:
     """The CUDA version the driver runs, as cuDriverGetVersion gives it (12040 is CUDA 12.4); no cuInit."""
     version = c_int(0)
     try:
         get = library().cuDriverGetVersion
     except AttributeError as e:
-        raise DriverError(f"{library()._name} has no cuDriverGetVersion: not a CUDA driver",
+        raise DriverError(f"{library_name()} has no cuDriverGetVersion: not a CUDA driver",
                           hint=NO_DRIVER_HINT) from e
     get.argtypes, get.restype = (_P(c_int),), c_int
     code = get(byref(version))
@@ -156,7 +164,7 @@ def function(name: str):
         try:
             get = lib.cuGetProcAddress_v2
         except AttributeError:
-            raise DriverError(f"the driver has no cuGetProcAddress_v2: it is older than CUDA 12.0",
+            raise DriverError("the driver has no cuGetProcAddress_v2: it is older than CUDA 12.0",
                               hint=OLD_DRIVER_HINT) from None
         get.argtypes = (c_char_p, _P(c_void_p), c_int, c_uint64, _P(c_int))
         get.restype = c_int

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from ..common.errors import AotcError, RuntimeLoadError
+from ..common.errors import AotcError, DriverError, RuntimeLoadError
 
 if TYPE_CHECKING:
     from ..common.artifact import Artifact
@@ -17,7 +17,7 @@ class LoadedKernel:
 
     A CUlibrary is context-independent, so one load serves every device and
     context of the process; the kernel handle is launched directly
-    (cuLaunchKernel accepts a CUkernel).
+    (cuLaunchKernelEx accepts a CUkernel).
 
     `source`: an Artifact (checked, with its bytes), or a bundle member
     (aotc.storage.bundle_reader.BundleMember) of which only the variant and identity are checked: its
@@ -63,11 +63,9 @@ class LoadedKernel:
 
             smem = self.artifact.launch.dynamic_smem
             if smem > _MAX_DEFAULT_DYNAMIC_SMEM:
-                code = driver.function("cuKernelSetAttribute")(driver.FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
-                                                               self._kernel, device)
-                if code:
-                    raise driver.driver_error(f"cuKernelSetAttribute(max dynamic smem {smem}) for {self.variant.name}",
-                                              code)
+                driver.call("cuKernelSetAttribute", driver.FUNC_ATTR_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
+                            self._kernel, device,
+                            what=f"cuKernelSetAttribute(max dynamic smem {smem}) for {self.variant.name}")
             self._smem_ready.add(device)
         return self.handle
 
@@ -95,10 +93,10 @@ class LoadedKernel:
 
         driver.init()
         library, kernel = c_void_p(), c_void_p()
-        code = driver.function("cuLibraryLoadData")(byref(library), art.cubin, None, None, 0, None, None, 0)
-        if code:  # the driver copies the image: the bytes need not outlive the call
-            raise RuntimeLoadError(f"the driver refused {art.variant.name}: "
-                                   f"{driver.driver_error('cuLibraryLoadData', code)}")
+        try:  # the driver copies the image: the bytes need not outlive the call
+            driver.call("cuLibraryLoadData", byref(library), art.cubin, None, None, 0, None, None, 0)
+        except DriverError as e:
+            raise RuntimeLoadError(f"the driver refused {art.variant.name}: {e}") from None
         try:
             driver.call("cuLibraryGetKernel", byref(kernel), library, art.abi.symbol.encode())
             # the parameter count comes from the cubin's own table (asking the driver for one index

@@ -25,7 +25,7 @@ class Plan:
         from .launch import PreparedLaunch  # libcuda loads with the first plan, not with load()
 
         self.launcher = PreparedLaunch(kernel, grid, device, values)
-        self._launch = self.launcher.launch  # run()'s last step: cuLaunchKernel with prebuilt arguments
+        self._launch = self.launcher.launch  # run()'s last step: cuLaunchKernelEx with prebuilt arguments
         self._params = {p.name: p for p in kernel.artifact.abi.params}
 
     def slots(self, *names: str) -> tuple:

@@ -12,7 +12,7 @@ import ctypes
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
-from .driver import call, init
+from .driver import driver_error, function, init
 
 DESCRIPTOR_BYTES = 128
 _MAX_DIM = 1 << 32      # globalDim[i] <= 2^32
@@ -76,9 +76,10 @@ class Encoder:
     aligned scratch descriptor (a CUtensorMap is alignas(64)) written by each call; encoding a new pointer
     then costs the driver call alone."""
 
-    __slots__ = ("_args", "_room", "_at")
+    __slots__ = ("_encode", "_args", "_room", "_at")
 
     def __init__(self, recipe: TiledRecipe):
+        self._encode = None  # the entry point, resolved by the first call (after its address checks)
         rank = len(recipe.dims)
         # (data type, rank) before the address, (dims, strides, box, element strides, interleave, swizzle,
         # L2 promotion, out-of-bounds fill) after it
@@ -95,24 +96,22 @@ class Encoder:
             address = _STAND_IN_ADDRESS
         if address % 16:
             raise ArgumentError("TMA global address", hex(address), "16-byte aligned")
-        init()
+        if self._encode is None:
+            init()
+            self._encode = function("cuTensorMapEncodeTiled")
         a = self._args
-        call("cuTensorMapEncodeTiled", self._at, a[0], a[1], address, *a[2:])
+        code = self._encode(self._at, a[0], a[1], address, *a[2:])
+        if code:
+            raise driver_error("cuTensorMapEncodeTiled", code)
         return ctypes.string_at(self._at, DESCRIPTOR_BYTES)
-
-
-def encode_tiled(recipe: TiledRecipe, address: int) -> bytes:
-    """cuTensorMapEncodeTiled -> the 128 descriptor bytes (the kernel parameter)."""
-    return Encoder(recipe)(address)
 
 
 class DescriptorSlot:
     """One descriptor of a prepared plan: re-encoded only when its pointer changes."""
 
-    __slots__ = ("recipe", "address", "data", "_encode")
+    __slots__ = ("address", "data", "_encode")
 
     def __init__(self, recipe: TiledRecipe, address: int):
-        self.recipe = recipe
         self.address = address
         self._encode = Encoder(recipe)
         self.data = self._encode(address)
