@@ -31,7 +31,7 @@ import importlib
 import sys
 import threading
 
-__all__ = ["register", "set_runtime", "get_runtime", "prefill", "prefill_varlen", "decode", "SCHEMAS"]
+__all__ = ["register", "set_runtime", "get_runtime", "prefill", "prefill_varlen", "decode", "attention", "SCHEMAS"]
 
 NAMESPACE = "aotc"
 # operator schemas (torch's schema language); the Python signatures below match them
@@ -50,6 +50,11 @@ SCHEMAS = {
     "decode_out": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table, Tensor(a!) out, "
                   "Tensor(b!)? lse=None, Tensor(c!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, "
                   "float? scale=None) -> ()",
+    # the serving entry point: ragged queries (decode rows and prefill chunks together) over a paged KV cache,
+    # into the caller's out (and lse): one call per layer per step
+    "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor page_table, "
+                 "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
+                 "float? scale=None, str kv_layout=\"NHD\") -> ()",
 }
 
 _lock = threading.RLock()
@@ -146,6 +151,20 @@ def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspac
                   workspace=workspace, softmax_scale=scale, stream=None)
 
 
+def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse=None, max_seqlen_q=None,
+                  causal=True, scale=None, kv_layout="NHD"):
+    torch, rt = _torch(), get_runtime()
+    max_q = None if max_seqlen_q is None else int(max_seqlen_q)
+    if q.is_cuda:
+        dev = q.get_device()
+        _on_device(torch, dev, lambda: rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table,
+                                                    lse=lse, causal=causal, softmax_scale=scale, kv_layout=kv_layout,
+                                                    max_seqlen_q=max_q, stream=_stream(torch, dev)))
+    else:
+        rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=lse, causal=causal,
+                     softmax_scale=scale, kv_layout=kv_layout, max_seqlen_q=max_q, stream=None)
+
+
 def _outputs(q, lse_shape):
     torch = _torch()
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
@@ -186,7 +205,8 @@ def _decode_out_op(q, k_cache, v_cache, seqlens_kv, page_table, out, lse=None, w
 
 
 _KERNELS = {"prefill": _prefill_op, "prefill_out": _prefill_out_op, "prefill_varlen": _prefill_varlen_op,
-            "prefill_varlen_out": _prefill_varlen_out_op, "decode": _decode_op, "decode_out": _decode_out_op}
+            "prefill_varlen_out": _prefill_varlen_out_op, "decode": _decode_op, "decode_out": _decode_out_op,
+            "attention": _attention_op}
 
 
 # ---- fake (meta) implementations ---------------------------------------------------------------------
@@ -210,7 +230,7 @@ def _fake_out(q, *args, **kwargs):
 
 
 _FAKES = {"prefill": _fake_dense, "prefill_out": _fake_out, "prefill_varlen": _fake_varlen,
-          "prefill_varlen_out": _fake_out, "decode": _fake_dense, "decode_out": _fake_out}
+          "prefill_varlen_out": _fake_out, "decode": _fake_dense, "decode_out": _fake_out, "attention": _fake_out}
 
 
 # ---- registration -------------------------------------------------------------------------------
@@ -281,6 +301,21 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
     if out is None:
         return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale)
     ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+    return out, lse
+
+
+def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=None, lse=None,
+              max_seqlen_q: int | None = None, causal: bool = True, scale: float | None = None,
+              kv_layout: str = "NHD"):
+    """(out, lse) for ragged q [total_q, H_q, D] (cu_seqlens_q int32 [B + 1]: decode rows and prefill chunks
+    alike) over a paged KV cache (seqlens_kv: full lengths, new tokens included; page_table int32
+    [B, max_pages]), bottom-right causal per sequence: torch.ops.aotc.attention into out (allocated when None;
+    lse [H_q, total_q] fp32 when given)."""
+    ops = _ops or register()
+    if out is None:
+        out = _torch().empty_like(q)
+    ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
+                  kv_layout)
     return out, lse
 
 

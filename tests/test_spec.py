@@ -24,28 +24,36 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 30
+    assert len(s.variants) == 18 + 36 + 32 + 18 + 30
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
-    hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90"]
+    hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and not v["layout"].startswith("paged")]
+    paged = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and v["layout"].startswith("paged")]
     decode = [v for v in s.variants if v.family == "sdpa_decode"]
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
     # every head dim at its tuned kv tile widths only: D128 twice (the runtime picks by kv length)
     assert sorted({(v["head_dim"], v["block_n"]) for v in hopper}) == [(64, 128), (128, 128), (128, 176), (256, 80)]
+    # the serving entry point: causal, every page size at D64/D128 (kv blocks of 128), page 16 at D256 (80)
+    assert {(v["dtype"], v["head_dim"], v["layout"], v["block_n"]) for v in paged} == {
+        (dt, d, f"paged{p}", 80 if d == 256 else 128) for dt in ("fp16", "bf16") for d in (64, 128, 256)
+        for p in (16, 32, 64, 128) if d != 256 or p == 16} and all(v["causal"] for v in paged)
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode}) == 5
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
     assert {(v["layout"], v["strides"]) for v in prefill} == {("dense", "general"), ("dense", "packed"),
                                                              ("ragged", "general")}
-    # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n)
+    # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n), and
+    # every page size a kv block neither holds whole nor fits in
     packed = [p for p in s.pruned if p.family == "sdpa_prefill"]
-    tiles = [p for p in s.pruned if p.family == "sdpa_prefill_sm90"]
+    tiles = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "is not a tile of" in p.reason]
+    pages = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "not whole pages" in p.reason]
     assert len(packed) == 12 and all("packed specialization" in p.reason for p in packed)
-    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) and len(s.pruned) == len(packed) + len(tiles)
+    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) + 2 * 4 * (3 * 2 - 3) and len(pages) == 2 * 3
+    assert len(s.pruned) == len(packed) + len(tiles) + len(pages)
     assert all(f"is not a tile of head_dim {p.values['head_dim']}" in p.reason for p in tiles)
 
 

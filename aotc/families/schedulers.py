@@ -45,3 +45,8 @@ def kv_chunk_partition(kv_blocks: list[int], chunks: int, min_chunk_blocks: int)
     full = [(b, j * c, c) for b, n in enumerate(kv_blocks) for j in range(n // c)]
     partial = [(b, n // c * c, n % c) for b, n in enumerate(kv_blocks) if n % c or n == 0]
     return full + partial
+
+
+def ragged_grid(sm_count: int) -> tuple[int, int, int]:
+    """RaggedTiles (aotc.kernels.tile_scheduler): one CTA per SM; the work items are counted on the device."""
+    return (sm_count, 1, 1)

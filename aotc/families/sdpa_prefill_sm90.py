@@ -20,6 +20,23 @@ Ragged sequences share one descriptor over all tokens, so the K/V rows of a tile
 sequence's end are the next sequence's tokens (zero only past the last token): they are
 masked out of the scores, and their P is 0, so finite data cannot leak; NaN or Inf in the
 padding tokens of *another* sequence would (0 * Inf), where the portable family zero-fills.
+
+Paged (layout pagedP, the serving entry point Runtime.attention): Q/O ragged [total_q, H_q, D] with
+cu_seqlens_q (any query count per sequence, 0 included); K/V in pools of pages of P tokens,
+NHD [pages, P, H_kv, D] or HND [pages, H_kv, P, D]; sequence b's token t lives in page
+page_table[b, t // P] at slot t % P; seqlens_kv[b] = its full KV length (the new tokens included),
+so causal is bottom-right per sequence. K and V descriptors are rank 4 over the pool, dims
+(D, P, H_kv, pages) with byte strides (token, head, page): one TMA box is min(P, block_n) rows of
+one page, a kv block min(P, block_n) / block_n boxes per 64 columns. A box of tokens past the
+sequence's end is loaded from page -1 (out of bounds: zeros); a page id the caller put out of
+[0, pages) reads zeros too, never another allocation. The rows past seqlens_kv inside a
+sequence's last page are masked out of the scores, and the kernel zeroes them in shared memory
+before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.
+
+Tiles of a paged call are enumerated from the device-side lengths (tile_scheduler.RaggedTiles):
+sum over sequences of ceil(s_q / block_m) * H_q work items, so the persistent grid walks only real
+tiles whatever the mix of decode rows and long chunks, and a CUDA graph replayed with other
+lengths stays balanced.
 """
 from __future__ import annotations
 
@@ -36,6 +53,9 @@ WARPGROUP = 128
 # registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
 # within the 64K registers of the SM (one CTA per SM)
 REGISTERS = {2: (24, 240), 3: (32, 160)}
+# paged: the producer warp also reads page tables and scans the lengths for its work items (at 24
+# registers it spilled at D256; D64 keeps the dense split, which fits)
+PAGED_REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
 STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
@@ -90,19 +110,36 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
+# paged layouts (Runtime.attention): a kv block is whole TMA boxes of one page each (page < block_n:
+# block_n / page of them), or a box inside one page (page >= block_n, page a multiple of block_n)
+PAGE_SIZES = (16, 32, 64, 128)
+LAYOUTS = ("dense", "ragged") + tuple(f"paged{p}" for p in PAGE_SIZES)
+
+
+def page_size(variant: Variant) -> int:
+    """P of a paged layout, 0 for dense and ragged."""
+    layout = variant["layout"]
+    return int(layout[len("paged"):]) if layout.startswith("paged") else 0
+
+
+def page_fits(page: int, block_n: int) -> bool:
+    return block_n % page == 0 if page < block_n else page % block_n == 0
 
 
 def tile(head_dim: int, block_n: int) -> Tile:
     return TILES[head_dim, block_n]
 
 
-# Q/K/V as TMA descriptors (their tensors 16-byte aligned), O 16 (128-bit stores), LSE and cu_seqlens 4
+# Q/K/V as TMA descriptors (their tensors 16-byte aligned), O 16 (128-bit stores), LSE, cu_seqlens, the
+# page table and seqlens_kv 4 (the last two are read by paged variants only: 0 for the others)
 PARAMS: tuple[Param, ...] = (
     Param("tma_q", "tensormap", 16), Param("tma_k", "tensormap", 16), Param("tma_v", "tensormap", 16),
     ptr("o", 16), ptr("lse", 4), ptr("cu_seqlens_q", 4), ptr("cu_seqlens_kv", 4),
-    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse"),
+    ptr("page_table", 4), ptr("seqlens_kv", 4),
+    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse", "max_pages"),
     Param("softmax_scale", "f32"),
-    *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s"),
+    *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s",
+             "pt_stride_b", "pt_stride_p"),
 )
 
 ARCHS = ("sm_90a",)
@@ -112,16 +149,23 @@ def _why_invalid(values: dict) -> str | None:
     if (values["head_dim"], values["block_n"]) not in TILES:
         tuned = sorted(bn for d, bn in TILES if d == values["head_dim"])
         return f"block_n {values['block_n']} is not a tile of head_dim {values['head_dim']} (tuned: {tuned})"
+    layout = values["layout"]
+    if layout.startswith("paged") and not page_fits(int(layout[len("paged"):]), values["block_n"]):
+        return (f"{layout}: a kv block of {values['block_n']} keys is not whole pages, nor inside one page "
+                f"(page and block_n must divide one another)")
     return None
 
 
 def tma_recipe(variant: Variant, block_n: int) -> dict:
     """How the runtime encodes the three descriptors (plain data, recorded in the bundle)."""
-    bn = block_n
+    page = page_size(variant)
+    kv_rows = min(page, block_n) if page else block_n
     return {
-        "rank": 3 if variant["layout"] == "ragged" else 4,
+        # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages)
+        "rank": 3 if variant["layout"] != "dense" else 4,
+        "kv_rank": 4 if variant["layout"] != "ragged" else 3,
         "box_cols": TMA_BOX_COLS,
-        "box_rows": {"q": Q_BOX_ROWS, "k": bn, "v": bn},
+        "box_rows": {"q": Q_BOX_ROWS, "k": kv_rows, "v": kv_rows},
         "swizzle_bytes": 128,
         "l2_promotion_bytes": 256,
         "oob_fill": "zero",
@@ -133,7 +177,8 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     return LaunchFacts(
         block=(t.threads, 1, 1),
         dynamic_smem=t.smem_bytes(variant["head_dim"]),
-        grid_rule="persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1)",
+        grid_rule=("persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1); paged: "
+                   "(SMs, 1, 1), the tiles enumerated from the device-side lengths"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
                "persistent": True, "tma": tma_recipe(variant, t.block_n)},
     )
@@ -141,9 +186,12 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
 
 FAMILY = register(Family(
     name="sdpa_prefill_sm90",
-    doc="Hopper flash-attention forward: TMA + wgmma, producer/consumer warpgroups; dense or ragged, causal, GQA, LSE",
+    doc=("Hopper flash-attention forward: TMA + wgmma, producer/consumer warpgroups; dense, ragged or ragged "
+         "queries over a paged KV cache, causal, GQA, LSE"),
     archs=ARCHS,
-    fields=ATTENTION_FIELDS + (
+    fields=tuple(f if f.name != "layout" else
+                 Field("layout", LAYOUTS, f.doc + "; pagedP: ragged Q over paged K/V pools of page size P")
+                 for f in ATTENTION_FIELDS) + (
         Field("block_n", BLOCK_N, "keys per kv block (the tile table pairs each head dim with its tuned widths)"),
     ),
     why_invalid=_why_invalid,

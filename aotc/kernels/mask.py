@@ -20,19 +20,26 @@ def kv_block_range(m_block, s_q, s_kv, bm: cutlass.Constexpr, bn: cutlass.Conste
     0 .. n_max-1 are visited, n_mask_min .. n_max-1 need a mask (the sequence tail; causal, the
     blocks crossing the diagonal). No visible block (S_kv = 0, or a causal tile that sees no key):
     n_max = 0."""
+    return kv_blocks_for_queries(m_block * bm, m_block * bm + bm - 1, s_q, s_kv, bn, causal)
+
+
+@cute.jit
+def kv_blocks_for_queries(q_first, q_last, s_q, s_kv, bn: cutlass.Constexpr, causal: cutlass.Constexpr):
+    """kv_block_range for the queries q_first .. q_last of a tile (a GQA-packed tile holds several query
+    heads of each of its tokens: its rows cover fewer queries than rows)."""
     n_blocks = (s_kv + (bn - 1)) // bn
     n_max = n_blocks
     n_mask_min = n_max - 1  # non-causal: only the last (sequence-tail) block is masked
     if cutlass.const_expr(causal):
-        # the tile's last row sees keys up to m_block*bm + bm - 1 + S_kv - S_q
-        lim = m_block * bm + bm + s_kv - s_q
+        # the tile's last query sees keys up to q_last + S_kv - S_q
+        lim = q_last + 1 + s_kv - s_q
         n_causal = Int32(0)
         if lim > 0:
             n_causal = (lim + (bn - 1)) // bn
         n_max = cutlass.min(n_blocks, n_causal)
-        # blocks n with (n+1)*bn - 1 <= m_block*bm + S_kv - S_q are visible to every row
+        # blocks n with (n+1)*bn - 1 <= q_first + S_kv - S_q are visible to every row
         first_masked = Int32(0)
-        lim_lo = m_block * bm + 1 + s_kv - s_q
+        lim_lo = q_first + 1 + s_kv - s_q
         if lim_lo > 0:
             first_masked = lim_lo // bn
         n_mask_min = cutlass.min(first_masked, n_max - 1)

@@ -55,15 +55,15 @@ from cutlass.experimental import primitives as prims
 from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, create_tensor_map_tiled
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, PARAMS, Q_BOX_ROWS, REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile,
-                                          launch_facts)
+from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, PAGED_REGISTERS, PARAMS, Q_BOX_ROWS, REGISTERS, TMA_BOX_COLS,
+                                          WARPGROUP, Tile, launch_facts, page_fits, page_size)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .hopper import acc_mn_view, acc_to_a_operand, gemm, smem_layout, store_converted_pairs
-from .mask import kv_block_range, mask_row, score_limits
+from .mask import kv_block_range, kv_blocks_for_queries, mask_columns, mask_row, score_limits
 from .seqlen import seq_bounds
 from .softmax import LOG2_E, NEG_INF, normalize_rows, rescale_rows, softmax_row, store_lse_rows
-from .tile_scheduler import PersistentTiles
+from .tile_scheduler import PersistentTiles, RaggedTiles
 from .warp_mma import DTYPES, VEC, make_s2g
 
 
@@ -103,7 +103,9 @@ class SdpaPrefillSm90:
         self.variant = variant
         self.dtype = dtype = DTYPES[variant["dtype"]]
         self.D = D = int(variant["head_dim"])
-        self.ragged = variant["layout"] == "ragged"
+        self.page = page_size(variant)
+        self.paged = self.page > 0
+        self.ragged = variant["layout"] == "ragged" or self.paged  # Q/O [total_q, H_q, D] with cu_seqlens_q
         self.causal = causal = bool(variant["causal"])
         self.tile = t = tile or family_tile(D, int(variant["block_n"]))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
@@ -115,12 +117,19 @@ class SdpaPrefillSm90:
             raise ValueError(f"unsupported tile {t} for head_dim {D}")
         self.n_threads = t.threads
         self.consumer_warps = 4 * n_wg
-        self.producer_regs, self.consumer_regs = REGISTERS[n_wg]
+        self.producer_regs, self.consumer_regs = (PAGED_REGISTERS if self.paged else REGISTERS)[n_wg]
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every warpgroup's Q slab, on one barrier
         self.p_whole = (D, bn) in _P_CONVERTED_WHOLE
         self.kv_tx = bn * D * elem_bytes
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
+        if self.paged:
+            if not page_fits(self.page, bn) or self.page & (self.page - 1):
+                raise ValueError(f"page size {self.page} does not fit kv blocks of {bn} keys")
+            self.kv_rows = min(self.page, bn)    # rows of one K/V TMA box: one page, or a block inside one
+            self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
+            self.log2_page = self.page.bit_length() - 1
+            self.ragged_tiles = RaggedTiles(bm)
         sep_o = self.sep_o
 
         @cute.struct
@@ -138,6 +147,7 @@ class SdpaPrefillSm90:
         # named barriers: 1 .. n_wg are the consumer warpgroups' epilogue barriers, SCHED + w the "may
         # issue GEMMs" barrier of warpgroup w (ping-pong)
         self.SCHED = 1 + n_wg
+        self.ZERO_BAR = 1 + 2 * n_wg  # paged: every consumer thread, after zeroing V rows past the sequence
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
@@ -145,7 +155,7 @@ class SdpaPrefillSm90:
     def pointee_types(self) -> dict:
         # the host function takes Q, K and V as pointers (it builds stand-in descriptors from them)
         return {"tma_q": self.dtype, "tma_k": self.dtype, "tma_v": self.dtype, "o": self.dtype, "lse": Float32,
-                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32}
+                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -185,6 +195,92 @@ class SdpaPrefillSm90:
             prims.cp_async_bulk_tensor_shared_cta_global(
                 base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS), tma.get_ptr(),
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
+
+    @cute.jit
+    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, group, heads_kv, max_pages, first_tile, n_ctas,
+                   n_items):
+        """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min) of this CTA's i-th tile
+        (RaggedTiles: tile i % 2 of the pair of work item i // 2; valid 0 past the last item, or for the
+        missing partner of a middle tile) and the kv blocks its queries see."""
+        t = self.ragged_tiles.item(i // 2, first_tile, n_ctas)
+        valid = Int32(0)
+        if t < n_items:
+            valid = Int32(1)
+        t = cutlass.min(t, n_items - 1)
+        bidx, kv_head, pair, tiles, q_start, s_q = self.ragged_tiles.locate(t, cu_seqlens_q, batch, group, heads_kv,
+                                                                            lane)
+        m_block = tiles - 1 - pair
+        if i % 2 == 1:
+            m_block = pair
+            if pair == tiles - 1 - pair:
+                valid = Int32(0)
+        # keys of the sequence, cut at its page-table row's end (never read past the row)
+        s_kv = cutlass.min(cutlass.max(seqlens_kv[bidx], Int32(0)), max_pages * self.page)
+        tokens = self.bm // group  # query tokens of a packed tile
+        q_first = m_block * tokens
+        q_last = cutlass.min(q_first + tokens, s_q) - 1
+        n_max, n_mask_min = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal)
+        return valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min
+
+    @cute.jit
+    def page_id(self, ctx, n, lane):
+        """Lane j's share of kv block n: the page of its box j (lanes < kv_boxes), -1 past the sequence's end
+        (the box then lies out of the pool's bounds: TMA fills zeros). One register a lane, where an
+        array of every box's page in each lane spilled the producer's few registers."""
+        tok = n * self.bn + lane * self.kv_rows
+        pg = Int32(-1)
+        if lane < self.kv_boxes and tok < ctx.s_kv:
+            pg = ctx.page_table[ctx.pt_row + Int64(tok >> self.log2_page) * ctx.pt_stride_p]
+        return pg
+
+    @cute.jit
+    def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
+        """K or V of kv block n from its pages (pg: page_id() of each lane), box j into rows
+        [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues."""
+        stage, phase = self.ring(g)
+        cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bars + full(stage), self.kv_tx)
+        row = Int32(0)
+        if cutlass.const_expr(self.page > self.bn):
+            row = (n * self.bn) & (self.page - 1)
+        for j in cutlass.range_constexpr(self.kv_boxes):
+            page = cute.arch.shuffle_sync(pg, j)
+            with cute.arch.elect_one():
+                for c in cutlass.range_constexpr(self.chunks):
+                    prims.cp_async_bulk_tensor_shared_cta_global(
+                        base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS + j * self.kv_rows * TMA_BOX_COLS),
+                        tma.get_ptr(), [c * TMA_BOX_COLS, row, kv_head, page], bars + full(stage))
+
+    @cute.jit
+    def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, g0, q_count):
+        """producer_tile for a paged variant, run by the whole producer warp (the page-table reads and the
+        work-item scan are warp-wide; one lane issues): Q of the GQA-packed tile (box (64 columns, group
+        heads, 64 / group tokens) per consumer warpgroup), then K/V from their pages, last block first."""
+        bars = storage.bars.data_ptr()
+        sQ = storage.sQ.data_ptr()
+        sK = storage.sK.data_ptr()
+        sV = storage.sV.data_ptr()
+        lane = cute.arch.lane_idx()
+        pg = self.page_id(ctx, n_max - 1, lane)
+        if n_max > 0:
+            self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+        cute.arch.mbarrier_wait(bars + self.Q_EMPTY, (q_count & 1) ^ 1)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bars + self.Q_FULL, self.q_tx)
+            tokens = self.n_wg_rows // ctx.group  # tokens of one warpgroup's slab
+            for w in cutlass.range_constexpr(self.n_wg):
+                for c in cutlass.range_constexpr(self.chunks):
+                    prims.cp_async_bulk_tensor_shared_cta_global(
+                        sQ + (w * self.n_wg_rows * self.D + c * self.n_wg_rows * TMA_BOX_COLS), tma_q.get_ptr(),
+                        [c * TMA_BOX_COLS, ctx.kv_head * ctx.group, ctx.q_start + (m_block * self.n_wg + w) * tokens],
+                        bars + self.Q_FULL)
+        if n_max > 0:
+            self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+        for t in cutlass.range(1, n_max, unroll=1):
+            pg = self.page_id(ctx, n_max - 1 - t, lane)
+            self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
 
     @cute.jit
     def producer_tile(self, tma_q, tma_k, tma_v, storage, q_row0, kv_row0, head, kv_head, bidx, m_block, n_max,
@@ -243,11 +339,14 @@ class SdpaPrefillSm90:
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
-        if cutlass.const_expr(masked):
+        if cutlass.const_expr(masked and not self.paged):
             key_lim, causal_lim = score_limits(ctx.row0, n * self.bn, ctx.col0, ctx.s_q, ctx.s_kv)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(masked):
-                mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal)
+                if cutlass.const_expr(self.paged):  # GQA-packed rows: each row's own key limit
+                    mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - n * self.bn - ctx.col0)
+                else:
+                    mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             ctx.alpha[r] = alpha
 
@@ -366,14 +465,113 @@ class SdpaPrefillSm90:
             self.release_q(ctx)  # O staged in Q's slab: read back, the next tile's Q may come
         cO = cute.make_identity_tensor((self.n_wg_rows, self.D))
         t0OcO = s2g.get_slice(0).partition_S(cO)
-        o_lim = ctx.s_q - row_base - s2g_thr.partition_S(cO)[0][0]
-        for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-            if t0OcO[0, m, 0][0] < o_lim:
-                cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
+        if cutlass.const_expr(self.paged):
+            # packed row r of the sequence is query token r // group of head kv_head * group + r % group
+            thr_row = row_base + s2g_thr.partition_S(cO)[0][0]
+            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                row = thr_row + t0OcO[0, m, 0][0]
+                tok = row // ctx.group
+                if tok < ctx.s_q:
+                    off = (Int64(ctx.q_start + tok) * o_ss
+                           + Int64(ctx.kv_head * ctx.group + row - tok * ctx.group) * cute.assume(ctx.o_sh, divby=VEC))
+                    # a row-stride-0 view: the thread's row coordinate drops out of its partition
+                    g_row = cute.make_tensor(o + cute.assume(off, divby=VEC),
+                                             cute.make_layout((self.n_wg_rows, self.D), stride=(0, 1)))
+                    cute.copy(s2g, tOrO[None, m, None], s2g_thr.partition_D(g_row)[None, m, None])
+            if ctx.write_lse != 0:
+                if ctx.lane % 4 == 0:
+                    for r in cutlass.range_constexpr(n_rows):
+                        row = ctx.row0 + ctx.cS_mn[r, 0][0]
+                        tok = row // ctx.group
+                        if tok < ctx.s_q:
+                            ctx.lse[Int64(ctx.kv_head * ctx.group + row - tok * ctx.group) * ctx.lse_sh
+                                    + Int64(ctx.q_start + tok) * ctx.lse_ss] = lse_r[r]
+        else:
+            o_lim = ctx.s_q - row_base - s2g_thr.partition_S(cO)[0][0]
+            for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if t0OcO[0, m, 0][0] < o_lim:
+                    cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
 
-        if ctx.write_lse != 0:
-            if ctx.lane % 4 == 0:  # one thread of each quad writes the quad's rows
-                store_lse_rows(ctx.lse, ctx.lse_off, ctx.lse_ss, lse_r, ctx.cS_mn, ctx.row0, 0, ctx.s_q)
+            if ctx.write_lse != 0:
+                if ctx.lane % 4 == 0:  # one thread of each quad writes the quad's rows
+                    store_lse_rows(ctx.lse, ctx.lse_off, ctx.lse_ss, lse_r, ctx.cS_mn, ctx.row0, 0, ctx.s_q)
+
+    @cute.jit
+    def attend_tile(self, tile, o, wg_index, n_max, n_mask_min, g0, q_count):
+        """One work item of a consumer warpgroup (tile: a per-item copy of its context): the kv loop over
+        blocks n_max-1 .. 0 (the first n_max - n_mask_min with masks), then the epilogue. g0: the ring
+        position of its first block."""
+        tile.acc_O.fill(0.0)
+        tile.row_max.fill(NEG_INF)
+        tile.row_sum.fill(0.0)
+        cute.arch.mbarrier_wait(tile.bars + self.Q_FULL, q_count & 1)
+        n_masked = n_max - n_mask_min
+        padding = False
+        if cutlass.const_expr(self.paged):
+            if n_max > 0 and tile.s_kv < n_max * self.bn:
+                self.zero_v_tail(tile, wg_index, n_max, g0)
+            # GQA-packed: a short tile's last warpgroups may hold no real row
+            padding = tile.m_block * self.bm + wg_index * self.n_wg_rows >= tile.s_q * tile.group
+        if padding:
+            self.idle_tile(tile, n_max, g0)
+        elif n_max > 0:
+            self.first_block(tile, n_max, g0)
+            for t in cutlass.range(1, n_masked, unroll=1):
+                self.overlapped_block(tile, t, n_max, g0, True)
+            for t in cutlass.range(cutlass.max(n_masked, 1), n_max, unroll=1):
+                self.overlapped_block(tile, t, n_max, g0, False)
+            self.last_block(tile, n_max, g0)
+        else:
+            if cutlass.const_expr(self.sep_o):
+                self.release_q(tile)  # no S GEMM at all: Q's buffer is free at once
+        if not padding:
+            self.epilogue(tile, o, wg_index)
+
+    @cute.jit
+    def zero_v_tail(self, ctx, wg_index, n_max, g0):
+        """Paged: the V rows past the sequence's end in its last kv block (the rest of its last page, read
+        as it is) become zeros before any PV GEMM reads them, so whatever the pool holds there (NaN or Inf
+        included) meets P = 0 as 0. Every consumer thread waits for the block's V, zeroes a share of those
+        rows (a 128-byte row of a 64-column chunk is swizzled within itself), fences them for wgmma's
+        async proxy and meets the others at ZERO_BAR."""
+        tail = ctx.s_kv - (n_max - 1) * self.bn  # keys of the block, 1 .. block_n - 1
+        s, phase = self.ring(g0)
+        cute.arch.mbarrier_wait(ctx.bars + self.v_full(s), phase)
+        rows = self.bn - tail
+        units = rows * (TMA_BOX_COLS // VEC)  # 16-byte units per 64-column chunk
+        zeros = cute.make_rmem_tensor((VEC,), self.dtype)
+        zeros.fill(0.0)
+        for u in cutlass.range(wg_index * _WG + ctx.wg_tid, units * self.chunks, self.n_wg * _WG, unroll=1):
+            c = u // units
+            r = u - c * units
+            off = (s * self.bn * self.D + c * self.bn * TMA_BOX_COLS + (tail + r // (TMA_BOX_COLS // VEC)) * TMA_BOX_COLS
+                   + (r % (TMA_BOX_COLS // VEC)) * VEC)
+            cute.make_tensor(ctx.sV_ptr + cute.assume(off, divby=VEC), cute.make_layout(VEC)).store(zeros.load())
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=self.ZERO_BAR, number_of_threads=self.n_wg * _WG)
+
+    @cute.jit
+    def idle_tile(self, ctx, n_max, g0):
+        """A consumer warpgroup whose rows of the tile are all padding (a decode token's group * s_q rows
+        fill part of the first warpgroup's 64): it keeps the barrier protocol without computing. Q is
+        released at once, each kv block's stages once they have landed (so this warpgroup never runs a
+        ring phase ahead), and its turns in the GEMM issue order (ping-pong) are passed on, one per S GEMM
+        and one for the last PV GEMM, as the other warpgroups take theirs; it stores nothing."""
+        self.release_q(ctx)
+        bars = ctx.bars
+        for t in cutlass.range(n_max, unroll=1):
+            s, phase = self.ring(g0 + t)
+            cute.arch.mbarrier_wait(bars + self.k_full(s), phase)
+            self.sched_sync(ctx)
+            self.sched_arrive(ctx)
+            if ctx.lane == 0:
+                cute.arch.mbarrier_arrive(bars + self.k_empty(s))
+            cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
+            if ctx.lane == 0:
+                cute.arch.mbarrier_arrive(bars + self.v_empty(s))
+        if n_max > 0:
+            self.sched_sync(ctx)
+            self.sched_arrive(ctx)
 
     @cute.kernel
     def sdpa_prefill_sm90_kernel(
@@ -381,11 +579,13 @@ class SdpaPrefillSm90:
         tma_q: cutlass.GridConstant[TensorMap], tma_k: cutlass.GridConstant[TensorMap],
         tma_v: cutlass.GridConstant[TensorMap],
         o: cute.Pointer, lse: cute.Pointer, cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
+        page_table: cute.Pointer, seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
-        heads_q: Int32, heads_kv: Int32, write_lse: Int32,
+        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32,
         softmax_scale: Float32,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -416,9 +616,28 @@ class SdpaPrefillSm90:
         rounds, pairs = self.scheduler.rounds_and_pairs(m_blocks, n_bh, n_ctas)
         group = heads_q // heads_kv
 
+        if cutlass.const_expr(self.paged):
+            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, group, heads_kv, tidx % 32)
+            rounds = 2 * ((n_items + (n_ctas - 1)) // n_ctas)  # two tiles per work item
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, group, heads_kv, max_pages, first_tile, n_ctas, n_items)
+
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
-            if warp_idx == 0:
+            if cutlass.const_expr(self.paged):
+                if warp_idx == 0:
+                    g0 = Int32(0)
+                    q_count = Int32(0)
+                    for i in cutlass.range(rounds, unroll=1):
+                        valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, _ = self.paged_item(
+                            i, tidx % 32, *paged_args)
+                        if valid != 0:
+                            tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
+                                                   page_table=page_table, pt_row=Int64(bidx) * pt_stride_b,
+                                                   pt_stride_p=pt_stride_p)
+                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, g0, q_count)
+                            g0 = g0 + n_max
+                            q_count = q_count + 1
+            elif warp_idx == 0:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
                     q_count = Int32(0)  # Q tiles loaded so far
@@ -487,64 +706,78 @@ class SdpaPrefillSm90:
             ctx.lse = lse
             ctx.o_ss = o_stride_s
             ctx.lse_ss = lse_stride_s
+            ctx.sV_ptr = storage.sV.data_ptr()
 
             if cutlass.const_expr(self.pingpong):
                 if wg_index == 0:  # the first consumer warpgroup issues first
                     cute.arch.barrier_arrive(barrier_id=self.SCHED, number_of_threads=2 * _WG)
             g0 = Int32(0)
             q_count = Int32(0)
-            for i in cutlass.range(rounds, unroll=1):
-                valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch, pairs)
-                q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, self.ragged)
-                if valid != 0 and m_block * self.bm < s_q:
-                    n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
-                    # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
-                    tile = SimpleNamespace(**vars(ctx))
-                    tile.m_block = m_block
-                    tile.s_q = s_q
-                    tile.s_kv = s_kv
-                    tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # this thread's first row
-                    if cutlass.const_expr(self.ragged):
-                        tile.o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
-                        tile.lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
-                    else:
-                        tile.o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
-                        tile.lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
-                    ctx.acc_O.fill(0.0)
-                    ctx.row_max.fill(NEG_INF)
-                    ctx.row_sum.fill(0.0)
-                    cute.arch.mbarrier_wait(bars + self.Q_FULL, q_count & 1)
-                    # iterations 0 .. n_masked-1 (blocks n_max-1 .. n_mask_min) with masks, the rest without
-                    n_masked = n_max - n_mask_min
-                    if n_max > 0:
-                        self.first_block(tile, n_max, g0)
-                        for t in cutlass.range(1, n_masked, unroll=1):
-                            self.overlapped_block(tile, t, n_max, g0, True)
-                        for t in cutlass.range(cutlass.max(n_masked, 1), n_max, unroll=1):
-                            self.overlapped_block(tile, t, n_max, g0, False)
-                        self.last_block(tile, n_max, g0)
-                    else:
-                        if cutlass.const_expr(self.sep_o):
-                            self.release_q(tile)  # no S GEMM at all: Q's buffer is free at once
-                    self.epilogue(tile, o, wg_index)
-                    g0 = g0 + n_max
-                    q_count = q_count + 1
+            if cutlass.const_expr(self.paged):
+                ctx.o_sh = o_stride_h
+                ctx.lse_sh = lse_stride_h
+                ctx.o_off = Int64(0)
+                ctx.group = group
+                for i in cutlass.range(rounds, unroll=1):
+                    valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min = self.paged_item(
+                        i, ctx.lane, *paged_args)
+                    if valid != 0:
+                        tile = SimpleNamespace(**vars(ctx))
+                        tile.m_block = m_block
+                        tile.s_q = s_q
+                        tile.s_kv = s_kv
+                        tile.q_start = q_start
+                        tile.kv_head = kv_head
+                        tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # first packed row
+                        # each row's exclusive key limit: packed row r is query token r // group
+                        row_lim = cute.make_rmem_tensor((n_rows,), Int32)
+                        for r in cutlass.range_constexpr(n_rows):
+                            row_lim[r] = s_kv
+                            if cutlass.const_expr(self.causal):
+                                tok = (tile.row0 + ctx.cS_mn[r, 0][0]) // group
+                                row_lim[r] = cutlass.min(s_kv, tok + 1 + s_kv - s_q)
+                        tile.row_lim = row_lim
+                        self.attend_tile(tile, o, wg_index, n_max, n_mask_min, g0, q_count)
+                        g0 = g0 + n_max
+                        q_count = q_count + 1
+            else:
+                for i in cutlass.range(rounds, unroll=1):
+                    valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch, pairs)
+                    q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, self.ragged)
+                    if valid != 0 and m_block * self.bm < s_q:
+                        n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
+                        # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
+                        tile = SimpleNamespace(**vars(ctx))
+                        tile.m_block = m_block
+                        tile.s_q = s_q
+                        tile.s_kv = s_kv
+                        tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # this thread's first row
+                        if cutlass.const_expr(self.ragged):
+                            tile.o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
+                            tile.lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
+                        else:
+                            tile.o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
+                            tile.lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
+                        self.attend_tile(tile, o, wg_index, n_max, n_mask_min, g0, q_count)
+                        g0 = g0 + n_max
+                        q_count = q_count + 1
 
     @cute.jit
     def __call__(
         self,
         tma_q: cute.Pointer, tma_k: cute.Pointer, tma_v: cute.Pointer,
         o: cute.Pointer, lse: cute.Pointer, cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
+        page_table: cute.Pointer, seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
-        heads_q: Int32, heads_kv: Int32, write_lse: Int32,
+        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32,
         softmax_scale: Float32,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
-        def desc(ptr, rows):
-            rank = 3 if self.ragged else 4
+        def desc(ptr, rows, rank):
             dims = [self.D, seqlen_q, heads_q, batch][:rank]
             strides = [heads_q * self.D * self.elem_bytes // 16, self.D * self.elem_bytes // 16,
                        seqlen_q * heads_q * self.D * self.elem_bytes // 16][:rank - 1]
@@ -552,11 +785,14 @@ class SdpaPrefillSm90:
                 ptr.toint(), self.dtype, dims, strides, [TMA_BOX_COLS, rows] + [1] * (rank - 2),
                 swizzle=TensorMapSwizzle.s128b)
 
+        q_rank = 3 if self.ragged else 4
+        kv_rank = 4 if self.paged or not self.ragged else 3  # paged: (D, page, H_kv, pages)
+        kv_rows = self.kv_rows if self.paged else self.bn
         self.sdpa_prefill_sm90_kernel(
-            desc(tma_q, Q_BOX_ROWS), desc(tma_k, self.bn), desc(tma_v, self.bn),
-            o, lse, cu_seqlens_q, cu_seqlens_kv,
-            batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, softmax_scale,
-            o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s,
+            desc(tma_q, Q_BOX_ROWS, q_rank), desc(tma_k, kv_rows, kv_rank), desc(tma_v, kv_rows, kv_rank),
+            o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
+            batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, softmax_scale,
+            o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

@@ -255,3 +255,90 @@ class KvChunks:
         elif full != 0:
             hi = cutlass.min(lo + c * bn, s_kv)
         return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
+
+
+class RaggedTiles:
+    """The query tiles of a ragged batch, enumerated from the device-side query lengths (host half:
+    aotc.families.schedulers.ragged_grid), for a persistent grid: a CUDA graph replayed with other
+    lengths walks the new batch's tiles, and sequences without queries cost nothing.
+
+    Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b * group / bm)
+    tiles per KV head: its group * s_b rows (token i, query head g of the KV head at row i * group + g:
+    GQA packing, so a decode token's query heads share one tile and K/V are read once per KV head) cut
+    into tiles of bm rows. Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
+    (the middle tile of an odd m_b alone): with causal masks every pair of a sequence costs the same, so
+    handing out pairs balances a persistent grid where single tiles, longest first, left CTAs with 1.8x
+    the mean work (a 2048-token chunk, 64 tiles of 1..16 kv blocks per KV head, over 132 CTAs). Work item
+    t of the heads_kv * sum_b ceil(m_b / 2) enumerates sequences in order, then KV heads, then pairs; CTA c
+    takes items c, c + n_ctas, ... in snake order (c reversed in odd rounds), each item's two tiles in
+    turn. Every warp derives the same answer from the lengths (a warp scan over ROUND sequences at a time,
+    no barrier)."""
+
+    def __init__(self, block_m: int):
+        self.bm = block_m
+
+    @cute.jit
+    def tiles_of(self, cu_seqlens_q, b, batch, group):
+        """Tiles per KV head of sequence b (0 past the batch)."""
+        n = Int32(0)
+        if b < batch:
+            s = cutlass.max(cu_seqlens_q[b + 1] - cu_seqlens_q[b], Int32(0))
+            n = (s * group + (self.bm - 1)) // self.bm
+        return n
+
+    @cute.jit
+    def count(self, cu_seqlens_q, batch, group, heads_kv, lane):
+        """Work items (tile pairs) of the batch, the same on every lane."""
+        w = Int32(0)
+        for r0 in range(0, batch, ROUND):
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group) + 1) // 2
+        return cute.arch.make_warp_uniform(_warp_sum(w) * heads_kv)
+
+    @cute.jit
+    def item(self, i, cta, n_ctas):
+        """CTA cta's i-th work item index (snake order; may be past the last item)."""
+        pos = cta
+        if i % 2 == 1:
+            pos = n_ctas - 1 - cta
+        return i * n_ctas + pos
+
+    @cute.jit
+    def locate(self, t, cu_seqlens_q, batch, group, heads_kv, lane):
+        """(bidx, kv_head, pair, tiles, q_start, s_q) of work item t (< count()), warp-uniform: the item is
+        tiles `tiles - 1 - pair` and `pair` of the sequence's KV head (one tile when they coincide)."""
+        seq = Int32(-1)
+        first = Int32(0)  # the sequence's first item
+        n_seq = Int32(1)  # its tiles per KV head
+        base = Int32(0)
+        for r0 in range(0, batch, ROUND):
+            nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+            mine = Int32(0)
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group)
+                mine = mine + (nt[i] + 1) // 2 * heads_kv
+            incl = _warp_inclusive_scan(mine, lane)
+            ex = base + incl - mine
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                items = (nt[i] + 1) // 2 * heads_kv
+                if t >= ex and t < ex + items:
+                    seq = r0 + SEQS_PER_LANE * lane + i
+                    first = ex
+                    n_seq = nt[i]
+                ex = ex + items
+            base = base + cute.arch.shuffle_sync(incl, 31)
+        hit = cute.arch.vote_ballot_sync(seq >= 0)
+        src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
+        seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(seq, src))
+        first = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(first, src))
+        n_seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(n_seq, src))
+        pairs = (n_seq + 1) // 2
+        local = t - first
+        kv_head = local // pairs
+        pair = local - kv_head * pairs
+        q_start = Int32(0)
+        s_q = Int32(0)
+        if seq >= 0:
+            q_start = cu_seqlens_q[seq]
+            s_q = cu_seqlens_q[seq + 1] - q_start
+        return seq, kv_head, pair, n_seq, q_start, s_q

@@ -229,6 +229,28 @@ class Runtime:
         decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
                kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale, stream=stream)
 
+    def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
+                          causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
+                          max_seqlen_q: int | None = None):
+        """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
+        [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one launch."""
+        from .attention import AttentionPlan
+
+        return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
+                             softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q)
+
+    def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
+                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
+                  max_seqlen_q: int | None = None, stream=None) -> None:
+        """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
+        prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
+        included; page_table), bottom-right causal per sequence, into out (and lse). max_seqlen_q is
+        accepted for engines that pass it; the kernel reads the lengths on the device."""
+        from .attention import attention
+
+        attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
+                  softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, stream=stream)
+
     MAX_PLANS = 1024
 
     def remember_plan(self, key, plan) -> None:

@@ -34,6 +34,7 @@ MAX_GRID_YZ = 65535
 # loop pays the wide tile's partial last block and its Q-staged epilogue;
 # benchmarks/results/prefill_experiment_d128_block_n_176.json).
 LONG_KV = 8192
+_PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "pt_stride_b", "pt_stride_p")
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class PrefillPlan(Plan):
         values["o_stride_b"], values["o_stride_s"], values["o_stride_h"] = strides(o_)
         kernel, self.inputs = self._choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize)
         values.update(self.inputs.values)
+        # the Hopper kernel's paged-layout parameters, unused by dense and ragged variants
+        values.update({p.name: 0 for p in kernel.artifact.abi.params if p.name in _PAGED_ONLY})
         bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
         self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)

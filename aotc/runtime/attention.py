@@ -1,0 +1,278 @@
+"""The serving entry point: one attention call per layer per step over a batch that mixes decode rows and
+chunked-prefill rows, queries ragged, keys and values in a paged KV cache.
+
+    rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, causal=True,
+                 softmax_scale=None, kv_layout="NHD", stream=None)
+    plan = rt.prepare_attention(...)   # validate once; plan(q, out, lse, ...) / plan.run(pointers) per step
+
+q/out [total_q, H_q, D] (head dim contiguous), cu_seqlens_q int32 [B + 1] on the device (any query count
+per sequence, 0 included; rows of q past cu_seqlens_q[B] are not written), seqlens_kv int32 [B] = each
+sequence's full KV length (its new tokens included: write them first, e.g. with a KV-write kernel),
+page_table int32 [B, max_pages] (any strides), K/V pools NHD [pages, page_size, H_kv, D] or HND
+[pages, H_kv, page_size, D] (kv_layout; K and V may have their own strides). Causal is bottom-right per
+sequence: query i of a sequence with s_q new tokens and s_kv keys sees keys j <= i + s_kv - s_q; a row
+that sees no key gets O = 0, LSE = -inf. LSE fp32 natural log [H_q, total_q].
+
+The kernel (sdpa_prefill_sm90, layout pagedP) enumerates its work from the device-side lengths at every
+launch, so the plan holds no per-step schedule and a CUDA graph captured once replays with new lengths,
+page tables and query splits. A plan is prepared for one total_q (q's first extent); one per token count.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..common.errors import ArgumentError
+from ..families.schedulers import ragged_grid
+from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
+from . import validate as V
+from .driver import multiprocessor_count
+from .dlpack import torch_layouts
+from .plan import Plan, cached_plan, torch_key
+from .prefill import hopper_candidates
+from .tensors import TensorArg, as_stream, as_tensor
+from .tma import DescriptorSlot, TiledRecipe, element_bytes
+
+FAMILY = "sdpa_prefill_sm90"
+ENTRY = "attention"
+DTYPES = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What check_attention() found: extents, page size and the pools' (page, token, head) strides."""
+
+    batch: int
+    total_q: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    page: int
+    pages: int
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+
+
+def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorArg, sl: TensorArg, pt: TensorArg,
+                    ls: TensorArg | None, kv_layout: str) -> AttentionShape:
+    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one."""
+    q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
+    V.dtype(q, "q", DTYPES)
+    for name in ("k_cache", "v_cache", "out"):
+        V.dtype(t[name], name, (q.dtype,))
+    V.ndim(q, "q", 3, "total_q, H_q, D")
+    V.ndim(o, "out", 3, "total_q, H_q, D")
+    total_q, heads_q, head_dim = q.shape
+    for axis in range(3):
+        V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
+    if kv_layout not in ("NHD", "HND"):
+        raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, page_size, D])")
+    for name in ("k_cache", "v_cache"):
+        V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD) or pages, H_kv, page_size, D (HND)")
+    tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
+    page, heads_kv, pages = k.shape[tok_ax], k.shape[head_ax], k.shape[0]
+    for axis in range(4):
+        V.dim(v, "v_cache", axis, "dim", k.shape[axis], "the shape of k_cache")
+    V.dim(k, "k_cache", 3, "D", head_dim, "from q")
+    if pages == 0:
+        raise ArgumentError("k_cache.shape[0]", 0, "at least one page (the page table's entries index the pool)")
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ArgumentError(f"k_cache.shape[{head_ax}]", heads_kv, f"H_kv dividing H_q = {heads_q}")
+    group = heads_q // heads_kv
+    if Q_BOX_ROWS % group:
+        raise ArgumentError("H_q / H_kv", group, f"a divisor of {Q_BOX_ROWS}: the kernel packs the query heads of "
+                                                  f"a KV head into {Q_BOX_ROWS}-row tiles")
+    pages_served = sorted(int(x[len("paged"):]) for x in runtime.field_values(FAMILY, "layout", device)
+                          if str(x).startswith("paged"))
+    if page not in pages_served:
+        raise ArgumentError(f"k_cache.shape[{tok_ax}]", page, f"a page size the loaded kernels serve: {pages_served}")
+    for name, c, n in (("cu_seqlens_q", cuq, None), ("seqlens_kv", sl, None)):
+        V.dtype(c, name, ("int32",))
+        V.ndim(c, name, 1, "B + 1" if name == "cu_seqlens_q" else "B")
+        if c.shape[0] > 1 and c.strides[0] != 1:
+            raise ArgumentError(f"{name}.stride[0]", c.strides[0], "1 (contiguous)")
+        V.aligned(c, name, 4)
+    if cuq.shape[0] < 1:
+        raise ArgumentError("cu_seqlens_q.shape[0]", 0, "B + 1 >= 1")
+    batch = cuq.shape[0] - 1
+    V.dim(sl, "seqlens_kv", 0, "B", batch, "cu_seqlens_q.shape[0] - 1")
+    V.dtype(pt, "page_table", ("int32",))
+    V.ndim(pt, "page_table", 2, "B, max_pages")
+    V.dim(pt, "page_table", 0, "B", batch, "cu_seqlens_q.shape[0] - 1")
+    V.aligned(pt, "page_table", 4)
+    for name, val in (("B", batch), ("total_q", total_q), ("H_q", heads_q), ("page_table.shape[1]", pt.shape[1]),
+                      ("page_table.shape[1] * page_size", pt.shape[1] * page)):
+        V.int32_extent(val, name)
+    if total_q * group > V.INT32_MAX:
+        raise ArgumentError("total_q", total_q, f"at most {V.INT32_MAX // group} (packed rows are 32-bit)")
+    tensors = dict(t, cu_seqlens_q=cuq, seqlens_kv=sl, page_table=pt)
+    if ls is not None:
+        V.lse_output(ls, (("H_q", heads_q), ("total_q", total_q)), "from q")
+        tensors["lse"] = ls
+    V.cuda_device(tensors, device)
+    for name in ("q", "k_cache", "v_cache", "out"):
+        x = t[name]
+        V.unit_stride(x, name, 3 if name in ("k_cache", "v_cache") else 2)
+        V.aligned(x, name, 16)
+        V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
+    V.no_self_overlap(o, "out")
+    V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})},
+                 {n: x for n, x in tensors.items() if n not in ("out", "lse")})
+    return AttentionShape(batch, total_q, heads_q, heads_kv, head_dim, page, pages,
+                          (k.strides[0], k.strides[tok_ax], k.strides[head_ax]),
+                          (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))
+
+
+def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
+    """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 / group tokens), one
+    GQA-packed 64-row slab; K and V rank 4 over the pool, (D, page, H_kv, pages), one box a page's rows
+    (or a kv block's inside one page)."""
+    tma = kernel.artifact.launch.extra["tma"]
+    elem = element_bytes(dtype)
+    group = d.heads_q // d.heads_kv
+    q = t["q"]
+    recipes = {"q": TiledRecipe(dtype, (d.head_dim, d.heads_q, max(1, d.total_q)),
+                                (q.strides[1] * elem, q.strides[0] * elem if d.total_q > 1 else 16),
+                                (int(tma["box_cols"]), group, Q_BOX_ROWS // group),
+                                int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))}
+    for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
+        page_s, tok_s, head_s = strides
+        recipes[name] = TiledRecipe(
+            dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
+            tuple(s * elem if n > 1 else 16 for s, n in ((tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages))),
+            (int(tma["box_cols"]), int(tma["box_rows"][name]), 1, 1),
+            int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))
+    for name, r in recipes.items():
+        r.check({"q": "q", "k": "k_cache", "v": "v_cache"}[name])
+    return recipes
+
+
+class AttentionPlan(Plan):
+    """Ragged queries over a paged KV cache, one launch a step (see the module docstring)."""
+
+    family = ENTRY
+
+    def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
+                 causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
+                 max_seqlen_q: int | None = None):
+        t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
+             "out": as_tensor(out, "out")}
+        cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
+        sl = as_tensor(seqlens_kv, "seqlens_kv")
+        pt = as_tensor(page_table, "page_table")
+        ls = None if lse is None else as_tensor(lse, "lse")
+        if not isinstance(causal, bool):
+            raise ArgumentError("causal", causal, "True or False")
+        if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
+                                         or max_seqlen_q < 0):
+            raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0 (unused: the kernel reads the lengths)")
+        device = runtime.device()
+        d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(d.head_dim)
+        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
+        dtype = t["q"].dtype
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
+        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, 0))
+        if kernel is None:
+            raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
+                                                     f"(build one: aotc build with layout = \"paged{d.page}\")")
+        recipes = _recipes(kernel, t, d, dtype)
+        self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
+                                 for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
+        o_, q_ = t["out"], t["q"]
+        lse_strides = (0, 0) if ls is None else ls.strides
+        values = {
+            "tma_q": self.descriptors[0].data, "tma_k": self.descriptors[1].data, "tma_v": self.descriptors[2].data,
+            "o": o_.ptr, "lse": 0 if ls is None else ls.ptr, "cu_seqlens_q": cuq.ptr, "cu_seqlens_kv": 0,
+            "page_table": pt.ptr, "seqlens_kv": sl.ptr,
+            "batch": d.batch, "seqlen_q": 0, "seqlen_kv": 0, "heads_q": d.heads_q, "heads_kv": d.heads_kv,
+            "write_lse": int(ls is not None), "max_pages": pt.shape[1], "softmax_scale": float(softmax_scale),
+            "o_stride_b": 0, "o_stride_s": o_.strides[0], "o_stride_h": o_.strides[1],
+            "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
+            "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
+        }
+        self.has_lse = ls is not None
+        self.shape = d
+        grid = ragged_grid(multiprocessor_count(device)) if d.batch and d.total_q else (0, 0, 0)
+        self.bind(kernel, grid, device, values)
+        self._q_slot, self._slots = self.slots("tma_q")[0], self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv",
+                                                                         "page_table")
+        self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
+        self.layout = _layout(q_, o_, ls, cuq, sl, pt)
+        self._spans = V.Spans({"k_cache": t["k_cache"], "v_cache": t["v_cache"]}, {"out": o_, "lse": ls},
+                              {"q": q_, "cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt})
+        self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
+
+    def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
+            stream: int = 0) -> None:
+        """One step with new raw pointers for the prepared layouts (0 keeps the prepared metadata pointer)."""
+        if self.launcher.empty:
+            return
+        ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
+        if any(p & m for p, m in zip(ptrs, self._masks)):
+            raise self.misaligned(("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"), ptrs)
+        self.check_lse(lse)
+        data = self.descriptors[0].update(q)
+        if data is not None:
+            self._q_slot.raw = data
+        s = self._slots
+        s[0].value, s[1].value = out, lse
+        if cu_seqlens_q:
+            s[2].value = cu_seqlens_q
+        if seqlens_kv:
+            s[3].value = seqlens_kv
+        if page_table:
+            s[4].value = page_table
+        self._launch(stream)
+
+    def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
+                    page_table: int = 0, stream: int = 0) -> None:
+        """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
+        overlap no input."""
+        cu, sl, pt = self._prepared
+        self._spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
+        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream)
+
+    def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
+        """One step on tensors laid out as the prepared ones (metadata: None keeps the prepared tensors)."""
+        recs = [as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse")]
+        meta = [None if x is None else as_tensor(x, n) for x, n in
+                ((cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
+        got = _layout(*recs, *meta)
+        for i, (name, g, want) in enumerate(zip(("q", "out", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"),
+                                                got, self.layout)):
+            if (i < 3 or g is not None) and g != want:
+                raise ArgumentError(name, g, f"the layout the plan was prepared for: {want}")
+        self.checked_run(recs[0].ptr, recs[1].ptr, 0 if recs[2] is None else recs[2].ptr,
+                         *(0 if m is None else m.ptr for m in meta), as_stream(stream))
+
+
+def _layout(*recs) -> tuple:
+    return tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs)
+
+
+def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
+              softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, stream=None) -> None:
+    """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached."""
+    seen = torch_layouts(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse)
+    scalars = (causal, softmax_scale, kv_layout)
+    if seen is not None:  # torch tensors: a key from their layouts and the pools' pointers (see torch_key)
+        fast = torch_key(ENTRY, runtime.device(), seen, (k_cache, v_cache), scalars)
+        plan = runtime.plans.get(fast)
+        if plan is not None:
+            plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
+                             cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(), page_table.data_ptr(), as_stream(stream))
+            return
+    recs = [None if x is None else as_tensor(x, n) for x, n in
+            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (cu_seqlens_q, "cu_seqlens_q"),
+             (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (lse, "lse"))]
+    qr, kr, vr, outr, cur, slr, ptr_, lsr = recs
+    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs), scalars)
+    plan = cached_plan(runtime, key, lambda: AttentionPlan(
+        runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
+        kv_layout=kv_layout, max_seqlen_q=max_seqlen_q))
+    if seen is not None:
+        runtime.remember_plan(fast, plan)
+    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream))
