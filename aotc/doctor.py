@@ -246,7 +246,7 @@ def render(info: dict) -> str:
 def render_capabilities(reports: list[dict]) -> list[str]:
     """A few lines per capabilities() report: per entry point what it serves and which families serve it."""
     if not reports:
-        return ["capabilities: no GPU; `aotc doctor --arch sm_90a` gives them for a device of that arch"]
+        return ["capabilities: no usable GPU; `aotc doctor --arch sm_90a` gives them for a device of that arch"]
     lines = []
     for c in reports:
         if "error" in c:
@@ -263,9 +263,11 @@ def render_capabilities(reports: list[dict]) -> list[str]:
 
 
 def _entry_line(e: dict) -> str:
+    from .runtime.capabilities import LAYOUT_FIELDS, SUMMARY_FIELDS
+
     if not e["supported"]:
         return "none"
-    parts = [" ".join(e["dtypes"]), "head dims " + " ".join(map(str, e["head_dims"]))]
+    parts = [" ".join(map(str, e["dtypes"])), "head dims " + " ".join(map(str, e["head_dims"]))]
     if e["causal"]:
         parts.append("causal " + "/".join("yes" if v else "no" for v in e["causal"]))
     if e["lse"]:
@@ -273,8 +275,8 @@ def _entry_line(e: dict) -> str:
     if e["page_sizes"]:
         parts.append(f"pages {' '.join(map(str, e['page_sizes']))} ({' '.join(e['kv_layouts'])})")
     parts += [v for v in e["layouts"] if not str(v).startswith("paged")]
-    summarized = {"dtype", "head_dim", "causal", "layout", "kv"}
-    parts += [f"{f} {'/'.join(map(str, vs))}" for f, vs in e["fields"].items() if f not in summarized]
+    parts += [f"{f} {'/'.join(map(str, vs))}" for f, vs in e["fields"].items()
+              if f not in (*SUMMARY_FIELDS.values(), *LAYOUT_FIELDS)]
     if e["gaps"]:
         parts.append(f"{len(e['gaps'])} combinations not served (--json lists them)")
     served = ", ".join(f"{s['family']} ({s['arch']}) {s['kernels']}" for s in e["served_by"])

@@ -53,7 +53,7 @@ def test_doctor_json_without_a_gpu(cache_dir, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert "gpu: no GPU (CUDA_ERROR_NO_DEVICE)" in text
     assert f"cache: {cache_dir / 'v1'}" in text and "bundles: none found" in text
-    assert "capabilities: no GPU; `aotc doctor --arch sm_90a` gives them" in text
+    assert "capabilities: no usable GPU; `aotc doctor --arch sm_90a` gives them" in text
 
 
 def test_doctor_capabilities_for_an_arch_without_a_gpu(cache_dir, monkeypatch, capsys):
