@@ -143,10 +143,39 @@ def bundles(archs_by_device: dict[int, list[str]]) -> list[dict]:
     return out
 
 
-def collect() -> dict:
-    """Everything `aotc doctor` reports, as JSON-ready data."""
+def capabilities(found: list[dict], devices: list[dict], arch: str | None = None) -> list[dict]:
+    """Runtime.capabilities() of the readable bundles in `found` (bundles()' rows; the cache is not
+    included): for a device of `arch` when given, else for every device; [] without either. A failure
+    is an entry {"error", and "arch" or "ordinal"}."""
+    from .runtime import Runtime
+    from .storage.bundle_reader import open_bundle
+
+    paths = [b["path"] for b in found if not b["error"] and b["path"] is not None]
+    targets = [{"arch": arch}] if arch is not None else [{"ordinal": d["ordinal"]} for d in devices]
+    try:
+        rt = Runtime([m for p in paths for m in open_bundle(p).members], paths)
+    except Exception as e:  # a bundle replaced since bundles() read it
+        return [{**t, "error": f"{type(e).__name__}: {e}"} for t in targets]
+    out = []
+    for t in targets:
+        try:
+            if "arch" in t:
+                out.append(rt.capabilities(arch=arch))
+            else:
+                from .runtime import driver
+
+                out.append(rt.capabilities(driver.device_handle(t["ordinal"])))
+        except Exception as e:  # a driver call failed: reported, the rest of the report stands
+            out.append({**t, "error": f"{type(e).__name__}: {e}"})
+    return out
+
+
+def collect(arch: str | None = None) -> dict:
+    """Everything `aotc doctor` reports, as JSON-ready data; capabilities for a device of `arch` when
+    given, else for every device found."""
     g = gpu()
     archs = {d["ordinal"]: d["archs"] for d in g["devices"]}
+    found = bundles(archs)
     return {
         "versions": versions(),
         "gpu": g,
@@ -154,7 +183,8 @@ def collect() -> dict:
         "cache": cache(),
         "env": {k: v for k, v in sorted(__import__("os").environ.items()) if k.startswith("AOTC_")},
         "bundle_path": [str(p) for p in config.bundle_path()],
-        "bundles": bundles(archs),
+        "bundles": found,
+        "capabilities": capabilities(found, g["devices"], arch),
         "python_executable": sys.executable,
     }
 
@@ -209,4 +239,45 @@ def render(info: dict) -> str:
             run = ", ".join(f"{n}/{b['kernels']} run on device {d}" for d, n in b["runnable"].items()) or "no GPU here"
             lines.append(f"  ok  {where}: {b['kernels']} kernels ({' '.join(b['families'])}) for "
                          f"{' '.join(b['archs'])}; {run}")
+    lines += render_capabilities(info.get("capabilities", []))
     return "\n".join(lines)
+
+
+def render_capabilities(reports: list[dict]) -> list[str]:
+    """A few lines per capabilities() report: per entry point what it serves and which families serve it."""
+    if not reports:
+        return ["capabilities: no usable GPU; `aotc doctor --arch sm_90a` gives them for a device of that arch"]
+    lines = []
+    for c in reports:
+        if "error" in c:
+            where = f"device {c['ordinal']}" if "ordinal" in c else c.get("arch")
+            lines.append(f"capabilities ({where}): {c['error']}")
+            continue
+        where = f"device {c['device']['ordinal']} ({c['arch']})" if c["device"] else f"arch {c['arch']} (no device)"
+        lines.append(f"capabilities on {where} of the bundles found ({c['kernels']} kernels run there):")
+        for name, e in c["entry_points"].items():
+            lines.append(f"  {name:<15} {_entry_line(e)}")
+        for r in c["refused"]:
+            lines.append(f"  REFUSED {r['kernel']}: {r['error']}")
+    return lines
+
+
+def _entry_line(e: dict) -> str:
+    from .runtime.capabilities import LAYOUT_FIELDS, SUMMARY_FIELDS
+
+    if not e["supported"]:
+        return "none"
+    parts = [" ".join(map(str, e["dtypes"])), "head dims " + " ".join(map(str, e["head_dims"]))]
+    if e["causal"]:
+        parts.append("causal " + "/".join("yes" if v else "no" for v in e["causal"]))
+    if e["lse"]:
+        parts.append("lse")
+    if e["page_sizes"]:
+        parts.append(f"pages {' '.join(map(str, e['page_sizes']))} ({' '.join(e['kv_layouts'])})")
+    parts += [v for v in e["layouts"] if not str(v).startswith("paged")]
+    parts += [f"{f} {'/'.join(map(str, vs))}" for f, vs in e["fields"].items()
+              if f not in (*SUMMARY_FIELDS.values(), *LAYOUT_FIELDS)]
+    if e["gaps"]:
+        parts.append(f"{len(e['gaps'])} combinations not served (--json lists them)")
+    served = ", ".join(f"{s['family']} ({s['arch']}) {s['kernels']}" for s in e["served_by"])
+    return f"{', '.join(parts)}; by {served}"

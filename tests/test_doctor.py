@@ -48,10 +48,27 @@ def test_doctor_json_without_a_gpu(cache_dir, monkeypatch, capsys):
     assert c["entries"] == 0 and c["counters"]["compiles"] == 0 and c["no_compile"] is False
     assert info["bundles"] == [] and info["bundle_path"] == []
     assert info["env"] == {"AOTC_CACHE_DIR": str(cache_dir)}
+    assert info["capabilities"] == []  # no device, and no --arch to stand for one
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert "gpu: no GPU (CUDA_ERROR_NO_DEVICE)" in text
     assert f"cache: {cache_dir / 'v1'}" in text and "bundles: none found" in text
+    assert "capabilities: no usable GPU; `aotc doctor --arch sm_90a` gives them" in text
+
+
+def test_doctor_capabilities_for_an_arch_without_a_gpu(cache_dir, monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "gpu", lambda: {"driver": None, "devices": [], "error": "no libcuda"})
+    assert main(["doctor", "--json", "--arch", "sm_90a"]) == 0
+    (caps,) = json.loads(capsys.readouterr().out)["capabilities"]
+    assert caps["arch"] == "sm_90a" and caps["device"] is None and caps["kernels"] == 0  # nothing found
+    assert set(caps["entry_points"]) == {"prefill", "prefill_ragged", "attention", "decode", "kv_write", "combine"}
+    assert not any(e["supported"] for e in caps["entry_points"].values())
+    assert main(["doctor", "--arch", "sm_90a"]) == 0
+    text = capsys.readouterr().out
+    assert "capabilities on arch sm_90a (no device) of the bundles found (0 kernels run there):" in text
+    assert "\n  decode          none" in text
+    assert main(["doctor", "--arch", "hopper"]) == 2
+    assert "--arch 'hopper': expected an arch name such as 'sm_90a'" in capsys.readouterr().err
 
 
 def test_doctor_on_this_machine_never_fails_for_want_of_a_gpu(cache_dir):
@@ -66,8 +83,19 @@ def test_doctor_on_this_machine_never_fails_for_want_of_a_gpu(cache_dir):
     assert r.returncode == 0 and ("no GPU" in r.stdout) == (not g["devices"])
 
 
-def test_doctor_reports_bundles_and_what_this_gpu_runs(bundles, monkeypatch, tmp_path, capsys):
+def pretend_h200(monkeypatch):
+    """doctor.gpu() and the driver calls capabilities() makes, as on an H200."""
+    from aotc.runtime import driver
+
     monkeypatch.setattr(doctor, "gpu", lambda: H200)
+    monkeypatch.setattr(driver, "device_handle", lambda ordinal: ordinal)
+    monkeypatch.setattr(driver, "compute_capability", lambda dev: (9, 0))
+    monkeypatch.setattr(driver, "device_name", lambda dev: "NVIDIA H200")
+    monkeypatch.setattr(driver, "multiprocessor_count", lambda dev: 132)
+
+
+def test_doctor_reports_bundles_and_what_this_gpu_runs(bundles, monkeypatch, tmp_path, capsys):
+    pretend_h200(monkeypatch)
     monkeypatch.setenv("AOTC_BUNDLE_PATH", str(bundles / "good.aotc"))
     monkeypatch.setenv("AOTC_LOCK_DIR", str(tmp_path / "locks"))
     assert main(["doctor", "--json"]) == 0
@@ -77,11 +105,23 @@ def test_doctor_reports_bundles_and_what_this_gpu_runs(bundles, monkeypatch, tmp
     assert b["kernels"] == 3 and b["archs"] == ["sm_80", "sm_90a"] and b["families"] == ["sdpa_combine"]
     assert b["runnable"] == {"0": 3}
     assert info["cache"]["lock_dir"] == str(tmp_path / "locks")
+    # the found bundles' capabilities, on device 0 as the driver reports it (the runtime's arch rule: the
+    # sm_80 kernel does not run on a 9.0 device)
+    (caps,) = info["capabilities"]
+    assert caps["device"] == {"ordinal": 0, "name": "NVIDIA H200", "compute_capability": "9.0", "sms": 132}
+    assert caps["sources"] == [str(bundles / "good.aotc")] and caps["other_archs"] == ["sm_80"]
+    combine = caps["entry_points"]["combine"]
+    assert combine["kernels"] == 2 and combine["served_by"][0]["arch"] == "sm_90a"
+    assert combine["gaps"] == [{"dtype": "bf16", "head_dim": 64}, {"dtype": "fp16", "head_dim": 128}]
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert "[0] NVIDIA H200  compute capability 9.0, 132 SMs, runs sm_90a sm_90 sm_80" in text
     assert f"ok  {bundles / 'good.aotc'}  [AOTC_BUNDLE_PATH]: 3 kernels (sdpa_combine) for sm_80 sm_90a; " \
            f"3/3 run on device 0" in text
+    assert "capabilities on device 0 (sm_90a) of the bundles found (2 kernels run there):" in text
+    assert ("\n  combine         bf16 fp16, head dims 64 128, lse, strides general/packed, 2 combinations not served "
+            "(--json lists them); by sdpa_combine (sm_90a) 2") in text  # of 4: the fakes are bf16 D128, fp16 D64
+    assert "\n  prefill         none" in text
     # an sm_89 device runs only the sm_80 kernel
     monkeypatch.setattr(doctor, "gpu", lambda: {**H200, "devices": [{**H200["devices"][0], "archs": [
         "sm_89a", "sm_89", "sm_88", "sm_87", "sm_86", "sm_85", "sm_84", "sm_83", "sm_82", "sm_81", "sm_80"]}]})

@@ -28,6 +28,7 @@ def test_runtime_imports_without_cutlass_or_torch():
     r = run("""
 import aotc, aotc.runtime, aotc.runtime.combine, aotc.runtime.launch, aotc.runtime.loader, aotc.runtime.driver
 import aotc.storage.bundle, aotc.storage.cache
+aotc.runtime.Runtime([]).capabilities(arch='sm_90a')
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch'))
 print('LOADED', bad)
 """)
@@ -56,10 +57,11 @@ def test_runtime_reads_a_bundle_without_the_dsl(tmp_path):
 import aotc.runtime
 rt = aotc.runtime.load({str(real_bundle)!r})
 print('KERNELS', sum(len(v) for v in rt.kernels.values()))
+print('SERVED', rt.capabilities(arch='sm_90a')['entry_points']['combine']['kernels'])
 print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch')))
 """)
     assert r.returncode == 0, r.stderr
-    assert "LOADED []" in r.stdout and "KERNELS 0" not in r.stdout
+    assert "LOADED []" in r.stdout and "KERNELS 0" not in r.stdout and "SERVED 1" in r.stdout
 
 
 def test_runtime_ignores_kernels_built_with_another_parameter_list(fake_artifact, monkeypatch):

@@ -120,14 +120,25 @@ def cli() -> None:
 # ---- doctor ---------------------------------------------------------------
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def doctor(as_json):
-    """Versions, GPU and archs, cache and lock directories, and which found bundles load on this GPU.
+@click.option("--arch", default=None, metavar="ARCH",
+              help="report capabilities for a device of this arch (e.g. sm_90a) instead of this machine's GPUs")
+def doctor(as_json, arch):
+    """Versions, GPU and archs, cache and lock directories, which found bundles load on this GPU, and what
+    each entry point (prefill, decode, ...) serves on it (Runtime.capabilities).
 
     Exits 1 when a bundle it finds (AOTC_BUNDLE_PATH, installed wheels) cannot be read, or the driver is
     too old for the runtime (a machine without any driver is not a failure: it builds, it does not launch)."""
     from ..doctor import collect, render
 
-    info = collect()
+    if arch is not None:
+        from ..common.errors import ArgumentError
+        from ..runtime.capabilities import parse_arch
+
+        try:
+            parse_arch(arch)
+        except ArgumentError as e:
+            raise UsageError(f"--arch {arch!r}: expected {e.expected}") from None
+    info = collect(arch)
     bad = [b for b in info["bundles"] if b.get("error")]
     problem = info["gpu"].get("driver_problem")
     output.json_document(as_json, lambda: info)

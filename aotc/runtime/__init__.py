@@ -9,6 +9,7 @@ records (``aotc.runtime.tensor(ptr, shape, strides, dtype)``).
 
     import aotc.runtime as rt
     k = rt.load("artifacts/default.aotc")
+    k.capabilities()["entry_points"]["decode"]["page_sizes"]   # what this device can call: [16, 32, 64, 128]
     k.combine(o_partial, lse_partial, out, lse, stream=torch.cuda.current_stream())
 """
 from __future__ import annotations
@@ -40,7 +41,10 @@ def __getattr__(name: str):
 
 
 class Runtime:
-    """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields."""
+    """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields.
+
+    What each entry point (prefill, prefill_ragged, decode, combine; attention and kv_write as their
+    families arrive) serves on a device: capabilities()."""
 
     def __init__(self, artifacts: Iterable, sources: list[str] | None = None):
         """artifacts: Artifacts, or bundle members (aotc.storage.bundle_reader.BundleMember) whose header
@@ -142,6 +146,38 @@ class Runtime:
             f"{driver.compute_capability(device)} (runs {archs}); loaded: {have[:8]}{' ...' if len(have) > 8 else ''}"
             + (f"; ignored, built with another parameter list than this aotc's: {other[:8]}" if other else ""),
             hint="rebuild the bundle with this aotc (aotc build)" if other else None)
+
+    def capabilities(self, device: int | None = None, *, arch: str | None = None) -> dict:
+        """What each entry point serves here, as plain JSON-ready data (aotc.runtime.capabilities), so a
+        serving engine checks at start-up what it can call instead of failing on its first request.
+
+        device: a CUDA device (default: the current one; its name, compute capability and SM count are
+        reported). arch: ask for a device of this arch instead ("sm_90a"), needing no GPU or driver; not
+        with `device`. Read from the loaded kernels' variant records, kept to the archs the device runs
+        and the kernels dispatch accepts (each one's header is checked now, as at its first selection;
+        its bytes at its first load). Schema (schema_version 1)::
+
+            {"schema_version": 1, "aotc_version": "0.1.0",
+             "device": {"ordinal", "name", "compute_capability", "sms"} or None (with arch=),
+             "arch": "sm_90a", "runs": ["sm_90a", "sm_90"],  # the device's (or arch=) arch; cubin archs it runs
+             "sources": [bundle paths], "kernels": 116,       # loaded kernels it runs, any family
+             "other_archs": ["sm_80"],                        # loaded kernels' archs it does not run
+             "entry_points": {"prefill" | "prefill_ragged" | "attention" | "decode" | "kv_write" | "combine": {
+                 "supported": bool, "kernels": int, "dtypes": [...], "head_dims": [...],
+                 "causal": [False, True],                     # decode: [True]; [] where there is no mask
+                 "lse": bool,                                 # an lse output can be written
+                 "layouts": ["dense", "paged16", ...],        # dense, ragged, paged<page size>
+                 "page_sizes": [16, ...], "kv_layouts": ["NHD", "HND"],
+                 "gaps": [{"dtype": "fp16", "head_dim": 256, ...}],  # of the lists' product, not served
+                 "fields": {field: [values]},                 # every variant field, new ones included
+                 "served_by": [{"family", "arch", <the same keys>}, ...]}},  # dispatch's order
+             "unmapped_families": [...], "refused": [{"kernel", "error"}], "other_abi": [kernel names]}
+
+        A call whose fields match a "refused" kernel fails (dispatch never substitutes another); nothing
+        loaded gives every entry point "supported": False."""
+        from .capabilities import capabilities
+
+        return capabilities(self, device, arch)
 
     def field_values(self, family: str, field: str, device: int) -> set:
         """The values of `field` among the loaded kernels of `family` for `device` (their headers are checked
