@@ -57,7 +57,8 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert caps["refused"] == [] and caps["other_abi"] == [] and caps["unmapped_families"] == []
     eps = caps["entry_points"]
     assert list(eps) == list(ENTRY_POINTS)
-    assert caps["kernels"] == sum(eps[n]["kernels"] for n in ("prefill", "prefill_ragged", "decode", "combine"))
+    assert caps["kernels"] == sum(eps[n]["kernels"] for n in ("prefill", "prefill_ragged", "decode", "combine",
+                                                              "attention", "kv_write"))
     for name, layout in (("prefill", "dense"), ("prefill_ragged", "ragged")):
         e = eps[name]
         assert e["supported"] and e["dtypes"] == ["bf16", "fp16"] and e["head_dims"] == [64, 128, 256]
@@ -77,8 +78,12 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     c = eps["combine"]
     assert c["dtypes"] == ["bf16", "fp16", "fp32"] and c["head_dims"] == [64, 128, 256] and c["causal"] == []
     assert c["fields"]["strides"] == ["general", "packed"] and c["lse"] is True
-    for name in ("attention", "kv_write"):
-        assert eps[name]["supported"] is False and eps[name]["served_by"] == []
+    a = eps["attention"]  # the Hopper family's paged layouts: causal, D256 at page 16 only
+    assert a["supported"] and a["dtypes"] == ["bf16", "fp16"] and a["head_dims"] == [64, 128, 256]
+    assert a["page_sizes"] == [16, 32, 64, 128] and a["kv_layouts"] == ["NHD", "HND"] and a["causal"] == [True]
+    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 18)]
+    assert sorted((g["head_dim"], g["layout"]) for g in a["gaps"]) == sorted(
+        (256, f"paged{p}") for p in (32, 64, 128) for _ in ("bf16", "fp16"))
     assert default_runtime.capabilities(arch="sm_90") == caps | {"arch": "sm_90"}  # one compute capability
 
 
