@@ -41,6 +41,7 @@ bench:
 	$(GPU_PYTHON) benchmarks/bench_decode.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_host.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/cold_start.py --bundle artifacts/default.aotc --runs 5 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/report.py --results $(RESULTS)

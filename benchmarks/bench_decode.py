@@ -23,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +81,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit, load_baselines, time_calls
+    from benchmarks.bench_runtime import load_baselines, result_header, time_calls
 
     from benchmarks.legacy import LegacyDecode, legacy_decode_kernels
 
@@ -198,14 +197,7 @@ def main() -> None:
     for v_ in host.values():
         if floor and "median_us" in v_:
             v_["x_bare_launch"] = v_["median_us"] / floor
-    import subprocess
-
-    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
-              "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
-                                        "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-              "torch": torch.__version__, "git_commit": git_commit(),
-              "command": "python benchmarks/bench_decode.py " + " ".join(sys.argv[1:]), "rows": rows,
-              "host_enqueue": host}
+    result = {**result_header("benchmarks/bench_decode.py"), "rows": rows, "host_enqueue": host}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode.json").write_text(json.dumps(result, indent=1))
     bases = ["aa", *legacy, *rt_bases]

@@ -27,7 +27,6 @@ import math
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +113,7 @@ def main() -> None:
     import torch
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit, import_fa3
+    from benchmarks.bench_runtime import import_fa3, result_header
 
     fa3 = import_fa3() if args.fa3 else None
     rt = aotc.runtime.load(args.bundle)
@@ -177,13 +176,7 @@ def main() -> None:
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
         del cache, uniform, kd, vd, contenders, plan, aa, uplan
         torch.cuda.empty_cache()
-    import subprocess
-
-    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
-              "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
-                                        "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-              "torch": torch.__version__, "git_commit": git_commit(),
-              "command": "python benchmarks/bench_decode_varlen.py " + " ".join(sys.argv[1:]),
+    result = {**result_header("benchmarks/bench_decode_varlen.py"),
               "heavy_tailed_lengths": "64 * Pareto(alpha 0.9) tokens, cut to [64, 65536], seed 20261201",
               "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)

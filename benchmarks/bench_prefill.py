@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +50,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit, load_baselines
+    from benchmarks.bench_runtime import load_baselines, result_header
 
     rt = aotc.runtime.load(args.bundle)
     rt_bases = load_baselines(args.baseline_bundle)
@@ -138,15 +136,7 @@ def main() -> None:
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "flops"}),
               flush=True)
         del q, k, v, out, qt, kt, vt
-    result = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "clocks": subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
-                                  "--format=csv,noheader"], capture_output=True, text=True).stdout.strip(),
-        "command": "python benchmarks/bench_prefill.py " + " ".join(sys.argv[1:]),
-        "git_commit": git_commit(),
-        "rows": rows,
-    }
+    result = {**result_header("benchmarks/bench_prefill.py"), "rows": rows}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "prefill.json").write_text(json.dumps(result, indent=1))

@@ -58,6 +58,22 @@ def git_commit() -> str:
     return r.stdout.strip() if r.returncode == 0 else "unknown"
 
 
+def result_header(script: str, args: list[str] | None = None) -> dict:
+    """The fields a GPU benchmark's result file starts with: date, gpu, clocks (nvidia-smi: driver, SM clock
+    now and at most, memory clock), torch, git_commit, and the command (`script` with `args`, by default
+    this process's arguments)."""
+    import torch
+
+    try:
+        clocks = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
+                                 "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError as e:  # no nvidia-smi on this machine: the figures stand without it
+        clocks = f"unknown ({e})"
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+            "clocks": clocks, "torch": torch.__version__, "git_commit": git_commit(),
+            "command": " ".join(["python", script, *(sys.argv[1:] if args is None else args)])}
+
+
 def load_baselines(paths: list[str]) -> dict:
     """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given. A
     bundle of an earlier aotc whose parameter lists differ only by the pointee alignments this one records

@@ -27,3 +27,13 @@ def rt():
         pytest.fail(f"the GPU suite needs {BUNDLE}: run `make build` first (and carry artifacts/ to the GPU machine)")
     torch.cuda.init()
     return aotc.runtime.load(BUNDLE)
+
+
+@pytest.fixture(scope="module")
+def ops(rt):
+    """aotc.torch (torch.ops.aotc.*) launching through the suite's runtime."""
+    import aotc.torch
+
+    aotc.torch.set_runtime(rt)
+    yield aotc.torch
+    aotc.torch.set_runtime(None)

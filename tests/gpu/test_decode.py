@@ -14,6 +14,7 @@ import torch
 
 from aotc.common.errors import ArgumentError
 from common import check_close
+from paged_cases import PagedCache
 
 pytestmark = pytest.mark.gpu
 
@@ -42,42 +43,6 @@ def reference(q, k, v, scale):
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
     return torch.matmul(p, vf).transpose(0, 1), lse
-
-
-class PagedCache:
-    """A K/V pool in NHD or HND with a shuffled page table (pages of a sequence are not contiguous)."""
-
-    def __init__(self, lengths, page, H_kv, D, dtype, layout, gen, extra_pages=7, pt_batch_stride=None):
-        self.lengths, self.page, self.layout = lengths, page, layout
-        need = [math.ceil(L / page) for L in lengths]
-        self.max_pages = max(1, max(need))
-        total = sum(need) + extra_pages
-        shape = (total, page, H_kv, D) if layout == "NHD" else (total, H_kv, page, D)
-        self.k = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
-        self.v = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
-        perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
-        B = len(lengths)
-        if pt_batch_stride is None:
-            self.page_table = torch.full((B, self.max_pages), -1, dtype=torch.int32, device="cuda")
-        else:  # a page table whose batch stride exceeds 2^31 elements
-            self._pt_buf = torch.empty(pt_batch_stride * (B - 1) + self.max_pages, dtype=torch.int32, device="cuda")
-            self.page_table = self._pt_buf.as_strided((B, self.max_pages), (pt_batch_stride, 1))
-            self.page_table.fill_(-1)
-        pos = 0
-        for b, n in enumerate(need):
-            self.page_table[b, :n] = perm[pos:pos + n]
-            pos += n
-        self.seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-
-    def dense(self, b):
-        L, P = self.lengths[b], self.page
-        pages = self.page_table[b, : math.ceil(L / P)].long()
-        if self.layout == "NHD":
-            k, v = self.k[pages], self.v[pages]  # [n, P, H, D]
-        else:
-            k, v = self.k[pages].transpose(1, 2), self.v[pages].transpose(1, 2)
-        H, D = k.shape[2], k.shape[3]
-        return k.reshape(-1, H, D)[:L], v.reshape(-1, H, D)[:L]
 
 
 def run_and_check(rt, cache, q, out, lse, chunks, what, workspace=None):

@@ -14,15 +14,6 @@ pytestmark = pytest.mark.gpu
 TOL = (2e-2, 2e-2)  # bf16
 
 
-@pytest.fixture(scope="module")
-def ops(rt):
-    import aotc.torch
-
-    aotc.torch.set_runtime(rt)
-    yield aotc.torch
-    aotc.torch.set_runtime(None)
-
-
 def sdpa(q, k, v, causal):
     """torch SDPA on [B, S, H, D] tensors (bottom-right causal mask built explicitly for S_q != S_kv)."""
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))

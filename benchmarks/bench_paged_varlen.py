@@ -1,0 +1,458 @@
+"""Paged varlen attention: rt.attention (one call for a batch of decode rows and prefill chunks over a paged
+KV cache) beside aotc's own ragged-prefill and decode families and FlashAttention-3, in one process.
+
+    python benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out DIR [--quick]
+
+bf16, D 128, H_q/H_kv 32/8, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned
+bottom-right. Each contender is a CUDA graph of 10 calls, the L2 flushed before every replay, the clocks
+settled on it first, the contenders interleaved in rotated order for --rounds rounds (benchmarks/timing.py);
+*_us is the median over rounds, *_spread (max - min) / median. Cases (CASES):
+
+* chunk2048_prefix{0,8192,30720}: B 1, 2048 new tokens over a prefix already in the cache (s_kv = prefix +
+  2048). aotc_tflops = 4 * D * H_q * (the keys each query row sees, summed) / time; the same FLOPs over the
+  time of aotc's ragged prefill on the sequence's K/V packed contiguously (rt.prefill_ragged: dense_tflops)
+  and of FA3's flash_attn_varlen_func on those packed K/V (fa3_tflops); x_dense, x_fa3 = aotc's rate over theirs.
+* mixed_chunk2048_decode63x4096: one 2048-token chunk (prefix 0) and 63 decode rows at 4096 keys in one
+  rt.attention call (aotc_us) against FA3 as two calls timed together (fa3_us: flash_attn_varlen_func for
+  the chunk, flash_attn_with_kvcache for the 63 rows on dense KV [63, 4096, 8, 128] with cache_seqlens) and
+  aotc as two calls (two_calls_us: rt.prefill_ragged for the chunk, rt.decode for the rows).
+* decode_b64_4096: 64 sequences of one new token over 4096 keys through rt.attention (aotc_us, aotc_TBps =
+  K/V bytes / time) against the decode family on the same pools (rt.decode, q viewed [B, 1, H_q, D]:
+  decode_us) and FA3's flash_attn_with_kvcache on dense KV [64, 4096, 8, 128] (fa3_us).
+
+x_<name> = <name>_us / aotc_us everywhere (above 1: aotc is faster). Every row has an A/A control: a second
+aotc plan on the same inputs, timed in the same rounds (aa_us, x_aa: how far two identical contenders land
+apart). Every contender's output is checked once against torch's math in fp32 (SDPA on each sequence's
+K/V gathered from the pool, KV heads repeated, bottom-right mask): <name>_max_abs_err.
+
+Host rows (kind "host"): a decode step of B 8 over 4096 keys, each call timed alone (perf_counter_ns, the GPU
+synchronized every 256 calls outside the timer, as benchmarks/bench_host.py does), median and p99 of --calls
+calls: torch.ops.aotc.attention with caller buffers, Runtime.attention, the prepared plan, beside
+torch.ops.aotc.decode_out, FA3's flash_attn_with_kvcache and torch SDPA (cuDNN) on the dense equivalent.
+Writes paged_varlen.json (header: git_commit, date, gpu, clocks, torch, command; rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import graph_time, interleaved  # noqa: E402
+
+D, H_Q, H_KV, PAGE = 128, 32, 8, 16
+CHUNK = 2048
+
+
+class Case(NamedTuple):
+    name: str
+    kind: str  # "chunk", "mixed" or "decode": which contenders run and which rates the row gets
+    seqs: tuple  # ((s_q, s_kv), ...): new tokens and the full KV length (new tokens included) per sequence
+
+
+def chunk_case(prefix: int) -> Case:
+    return Case(f"chunk{CHUNK}_prefix{prefix}", "chunk", ((CHUNK, prefix + CHUNK),))
+
+
+CASES = (
+    chunk_case(0),
+    chunk_case(8192),
+    chunk_case(30720),
+    Case(f"mixed_chunk{CHUNK}_decode63x4096", "mixed", ((CHUNK, CHUNK),) + ((1, 4096),) * 63),
+    Case("decode_b64_4096", "decode", ((1, 4096),) * 64),
+)
+QUICK_SKIPS = ("chunk2048_prefix8192",)
+HOST_SEQS = ((1, 4096),) * 8  # the host rows' decode step
+
+
+# ---- pure Python: FLOPs, bytes, metadata ---------------------------------------------------------------
+def visible_keys(s_q: int, s_kv: int, causal: bool = True) -> int:
+    """Keys the s_q query rows of a sequence see, summed over its rows. Causal (bottom-right): row i sees key
+    j iff j < s_kv and j <= i + s_kv - s_q, so the last n = min(s_q, s_kv) rows see s_kv - n + 1, ..., s_kv
+    keys and the others none; non-causal: every row all s_kv keys."""
+    if not causal:
+        return s_q * s_kv
+    n = min(s_q, s_kv)
+    return n * (s_kv - n) + n * (n + 1) // 2
+
+
+def attention_flops(seqs, heads_q: int = H_Q, head_dim: int = D, causal: bool = True) -> int:
+    """4 * D * H_q per (query row, visible key): QK^T and PV, a multiply and an add each."""
+    return 4 * head_dim * heads_q * sum(visible_keys(s_q, s_kv, causal) for s_q, s_kv in seqs)
+
+
+def kv_bytes(seqs, heads_kv: int = H_KV, head_dim: int = D, elem_bytes: int = 2) -> int:
+    """Bytes of K and V a call must read at least: every sequence's s_kv keys and values once."""
+    return 2 * sum(s_kv for _, s_kv in seqs) * heads_kv * head_dim * elem_bytes
+
+
+def cu_seqlens(lengths) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def assign_pages(lengths, page: int, seed: int, extra: int = 0) -> tuple[int, list[list[int]]]:
+    """(pages in the pool, each sequence's page ids): ceil(length / page) pages per sequence, taken from a
+    random permutation of the pool (at least one page; `extra` more than the sequences use)."""
+    need = [-(-n // page) for n in lengths]
+    ids = list(range(max(1, sum(need) + extra)))
+    random.Random(seed).shuffle(ids)
+    rows, pos = [], 0
+    for n in need:
+        rows.append(ids[pos:pos + n])
+        pos += n
+    return len(ids), rows
+
+
+def page_table(rows, width: int | None = None, pad: int = 0) -> list[list[int]]:
+    """The page table's rows, `width` entries each (default: the longest row, at least 1), padded with `pad`."""
+    width = max(1, max((len(r) for r in rows), default=0)) if width is None else width
+    return [list(r) + [pad] * (width - len(r)) for r in rows]
+
+
+def derive(row: dict, kind: str) -> None:
+    """From a row's <name>_us: <name>_tflops (chunk rows, from row["flops"]) or <name>_TBps (decode rows,
+    from row["kv_bytes"]), and x_<name> = <name>_us / aotc_us for every contender but aotc."""
+    us = {k[:-3]: v for k, v in row.items() if k.endswith("_us")}
+    for name, t in us.items():
+        if kind == "chunk":
+            row[f"{name}_tflops"] = row["flops"] / t / 1e6
+        elif kind == "decode":
+            row[f"{name}_TBps"] = row["kv_bytes"] / t / 1e6
+    if "aotc" in us:
+        for name, t in us.items():
+            if name != "aotc":
+                row[f"x_{name}"] = t / us["aotc"]
+
+
+# ---- on the GPU ------------------------------------------------------------------------------------------
+class Pool:
+    """bf16 NHD pools holding each sequence's s_kv keys in shuffled pages; the page table, seqlens_kv and
+    cu_seqlens_q (int32 on the GPU; cu_list on the host); q [total_q, H_q, D] (random) and out."""
+
+    def __init__(self, seqs, seed: int):
+        import torch
+
+        self.seqs = tuple(seqs)
+        n_pages, self.rows = assign_pages([s_kv for _, s_kv in self.seqs], PAGE, seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.k, self.v = (torch.randn(n_pages, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
+                          for _ in range(2))
+        self.pt = torch.tensor(page_table(self.rows), dtype=torch.int32, device="cuda")
+        self.sl = torch.tensor([s_kv for _, s_kv in self.seqs], dtype=torch.int32, device="cuda")
+        self.cu_list = cu_seqlens(s_q for s_q, _ in self.seqs)
+        self.cu = torch.tensor(self.cu_list, dtype=torch.int32, device="cuda")
+        self.max_q = max(s_q for s_q, _ in self.seqs)
+        self.q = torch.randn(self.cu_list[-1], H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
+        self.out = torch.empty_like(self.q)
+
+    def keys(self, b: int):
+        """Sequence b's K and V [s_kv, H_kv, D], gathered through its pages."""
+        import torch
+
+        pages = torch.tensor(self.rows[b], dtype=torch.long, device="cuda")
+        s_kv = self.seqs[b][1]
+        return self.k[pages].reshape(-1, H_KV, D)[:s_kv], self.v[pages].reshape(-1, H_KV, D)[:s_kv]
+
+    def packed(self, which):
+        """K and V of the sequences `which` packed contiguously [sum s_kv, H_kv, D], their cu_seqlens_kv
+        (int32 on the GPU) and the longest length."""
+        import torch
+
+        which = list(which)
+        ks, vs = zip(*(self.keys(b) for b in which))
+        lengths = [self.seqs[b][1] for b in which]
+        cu = torch.tensor(cu_seqlens(lengths), dtype=torch.int32, device="cuda")
+        return torch.cat(ks), torch.cat(vs), cu, max(lengths)
+
+    def dense(self, which):
+        """K and V of the sequences `which` as [n, longest, H_kv, D], zero past each length (FA3's kvcache
+        layout, torch SDPA's after a transpose)."""
+        import torch
+
+        which = list(which)
+        L = max(self.seqs[b][1] for b in which)
+        kd = torch.zeros(len(which), L, H_KV, D, dtype=torch.bfloat16, device="cuda")
+        vd = torch.zeros_like(kd)
+        for i, b in enumerate(which):
+            k, v = self.keys(b)
+            kd[i, :k.shape[0]], vd[i, :v.shape[0]] = k, v
+        return kd, vd
+
+
+def rows_of(result):
+    """A contender's output as [total_q, H_q, D] rows in the pool's order (parts concatenated)."""
+    import torch
+
+    parts = result if isinstance(result, tuple) else (result,)
+    return torch.cat([p.reshape(-1, H_Q, D) for p in parts])
+
+
+def max_abs_err(pool: Pool, out, q=None) -> float:
+    """Max |out - ref| over every sequence's rows; ref: torch SDPA in fp32 on the sequence's gathered K/V (KV
+    heads repeated), the causal mask aligned bottom-right. q: the queries out was computed from (pool.q)."""
+    import torch
+    import torch.nn.functional as F
+
+    q = pool.q if q is None else q
+    err = 0.0
+    for b, (s_q, s_kv) in enumerate(pool.seqs):
+        lo, hi = pool.cu_list[b], pool.cu_list[b + 1]
+        if s_q == 0:
+            continue
+        qt = q[lo:hi].float().transpose(0, 1)[None]
+        kt, vt = (x.float().repeat_interleave(H_Q // H_KV, dim=1).transpose(0, 1)[None] for x in pool.keys(b))
+        i = torch.arange(s_q, device="cuda")[:, None]
+        j = torch.arange(s_kv, device="cuda")[None, :]
+        ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=j <= i + (s_kv - s_q))[0].transpose(0, 1)
+        err = max(err, float((out[lo:hi].float() - ref).abs().max()))
+    return err
+
+
+def _first(result):
+    """FA3's output whether or not it came with its LSE."""
+    return result[0] if isinstance(result, tuple) else result
+
+
+def contenders_of(rt, fa3, case: Case, pool: Pool) -> tuple[dict, dict]:
+    """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, and the case's kind's others."""
+    import torch
+
+    cur = torch.cuda.current_stream  # graph_time captures on a stream of its own: launch on the current one
+    plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q)
+    aa_out = torch.empty_like(pool.out)
+    aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q)
+    facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None)}
+    fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
+           "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}
+    B = len(case.seqs)
+    if case.kind == "chunk":
+        kp, vp, cu_kv, max_kv = pool.packed(range(B))
+        d_out = torch.empty_like(pool.out)
+        fns["dense"] = lambda: (rt.prefill_ragged(pool.q, kp, vp, d_out, pool.cu, cu_kv, pool.max_q, max_kv,
+                                                  causal=True, stream=cur()), d_out)[1]
+        if fa3 is not None:
+            # FA3 aligns causal bottom-right as aotc does: fa3_fwd_interface's docstrings (flash_attn_func and
+            # flash_attn_with_kvcache, fa3-fwd 0.0.3) say "If causal=True, the causal mask is aligned to the
+            # bottom right corner of the attention matrix"; flash_attn_varlen_func has no docstring of its own
+            # and runs the same forward (_flash_attn_forward) per sequence. fa3_max_abs_err checks it.
+            fns["fa3"] = lambda: _first(fa3.flash_attn_varlen_func(pool.q, kp, vp, pool.cu, cu_kv, pool.max_q,
+                                                                   max_kv, causal=True))
+    elif case.kind == "mixed":  # sequence 0 the chunk, then B - 1 decode rows
+        c = pool.cu_list[1]
+        q_c, q_d = pool.q[:c], pool.q[c:].view(B - 1, 1, H_Q, D)
+        kp, vp, cu_kv, max_kv = pool.packed([0])
+        cu_c, sl_d, pt_d = pool.cu[:2], pool.sl[1:], pool.pt[1:]
+        two = torch.empty_like(pool.out)
+        o_c, o_d = two[:c], two[c:].view(B - 1, 1, H_Q, D)
+
+        def two_calls():
+            rt.prefill_ragged(q_c, kp, vp, o_c, cu_c, cu_kv, c, max_kv, causal=True, stream=cur())
+            rt.decode(q_d, pool.k, pool.v, o_d, sl_d, pt_d, stream=cur())
+            return two
+
+        fns["two_calls"] = two_calls
+        if fa3 is not None:
+            kd, vd = pool.dense(range(1, B))
+
+            def fa3_two_calls():
+                return (_first(fa3.flash_attn_varlen_func(q_c, kp, vp, cu_c, cu_kv, c, max_kv, causal=True)),
+                        _first(fa3.flash_attn_with_kvcache(q_d, kd, vd, cache_seqlens=sl_d, causal=True)))
+
+            fns["fa3"] = fa3_two_calls
+    elif case.kind == "decode":
+        q4, o4 = pool.q.view(B, 1, H_Q, D), torch.empty(B, 1, H_Q, D, dtype=pool.q.dtype, device="cuda")
+        fns["decode"] = lambda: (rt.decode(q4, pool.k, pool.v, o4, pool.sl, pool.pt, stream=cur()), o4)[1]
+        if fa3 is not None:
+            kd, vd = pool.dense(range(B))
+            fns["fa3"] = lambda: _first(fa3.flash_attn_with_kvcache(q4, kd, vd, cache_seqlens=pool.sl, causal=True))
+    else:
+        raise ValueError(f"case {case.name}: unknown kind {case.kind!r}")
+    return fns, facts
+
+
+def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
+    """One row: every contender checked once against the reference, then timed in interleaved rounds."""
+    import torch
+
+    pool = Pool(case.seqs, seed)
+    row = {"case": case.name, "kind": case.kind, "batch": len(case.seqs), "new_tokens": pool.cu_list[-1],
+           "kv_tokens": sum(s_kv for _, s_kv in case.seqs), "flops": attention_flops(case.seqs),
+           "kv_bytes": kv_bytes(case.seqs)}
+    fns, facts = contenders_of(rt, fa3, case, pool)
+    row.update(facts)
+    for name, fn in list(fns.items()):
+        try:
+            result = fn()
+            torch.cuda.synchronize()
+            row[f"{name}_max_abs_err"] = max_abs_err(pool, rows_of(result))
+        except Exception as e:  # one contender's failure (a shape FA3 refuses) must not hide the others
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            del fns[name]
+    samples = interleaved({name: (lambda fn=fn: graph_time(fn, flush)) for name, fn in fns.items()}, rounds)
+    for name, ts in samples.items():
+        us = statistics.median(ts)
+        row[f"{name}_us"], row[f"{name}_spread"] = us, (max(ts) - min(ts)) / us
+    derive(row, case.kind)
+    return row
+
+
+def host_rows(rt, fa3, calls: int, seed: int) -> list[dict]:
+    """Host cost of one eager call (decode step of HOST_SEQS): new q/out/lse from a ring of 8 every call."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchmarks.bench_runtime import time_calls
+
+    pool = Pool(HOST_SEQS, seed)
+    B, ring, sync = len(HOST_SEQS), 8, torch.cuda.synchronize
+    qs = [pool.q] + [torch.randn_like(pool.q) for _ in range(ring - 1)]
+    outs = [pool.out] + [torch.empty_like(pool.out) for _ in range(ring - 1)]
+    lses = [torch.empty(H_Q, B, device="cuda") for _ in range(ring)]
+    q4s, o4s = [q.view(B, 1, H_Q, D) for q in qs], [o.view(B, 1, H_Q, D) for o in outs]
+    lse4s = [torch.empty(B, H_Q, 1, device="cuda") for _ in range(ring)]
+    stream = torch.cuda.current_stream().cuda_stream
+    op = torch.ops.aotc
+    try:
+        plan = rt.prepare_attention(qs[0], pool.k, pool.v, outs[0], pool.cu, pool.sl, pool.pt, max_seqlen_q=1,
+                                    lse=lses[0])
+    except Exception as e:  # its row says why; the other rows still run
+        def plan(*args, error=e, **kwargs):
+            raise error
+    kd, vd = pool.dense(range(B))
+    kdt, vdt = kd.transpose(1, 2).contiguous(), vd.transpose(1, 2).contiguous()  # [B, H_kv, S, D] for SDPA
+    qts = [q.transpose(1, 2) for q in q4s]
+
+    def sdpa(i):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(qts[i % ring], kdt, vdt, enable_gqa=True)
+
+    calls_of = {
+        "host_op_attention": ("torch.ops.aotc.attention (caller buffers)", True, lambda i: op.attention(
+            qs[i % ring], pool.k, pool.v, pool.cu, pool.sl, pool.pt, outs[i % ring], lses[i % ring], max_seqlen_q=1)),
+        "host_rt_attention": ("Runtime.attention (one call, cached plan)", True, lambda i: rt.attention(
+            qs[i % ring], pool.k, pool.v, outs[i % ring], pool.cu, pool.sl, pool.pt, max_seqlen_q=1,
+            lse=lses[i % ring], stream=stream)),
+        "host_plan_attention": ("attention plan(q, out, lse) torch tensors", True, lambda i: plan(
+            qs[i % ring], outs[i % ring], lses[i % ring], stream=stream)),
+        "host_op_decode_out": ("torch.ops.aotc.decode_out (caller buffers)", True, lambda i: op.decode_out(
+            q4s[i % ring], pool.k, pool.v, pool.sl, pool.pt, o4s[i % ring], lse4s[i % ring])),
+        "host_torch_sdpa_cudnn": ("torch SDPA cuDNN (decode step, dense KV)", False, sdpa),
+    }
+    if fa3 is not None:
+        calls_of["host_fa3_kvcache"] = ("FA3 flash_attn_with_kvcache (its op, dense KV)", False, lambda i: (
+            fa3.flash_attn_with_kvcache(q4s[i % ring], kd, vd, cache_seqlens=pool.sl, causal=True)))
+    rows = []
+    for case, (call, is_aotc, fn) in calls_of.items():
+        row = {"case": case, "kind": "host", "call": call, "batch": B, "context": HOST_SEQS[0][1]}
+        try:
+            if is_aotc:
+                outs[0].fill_(float("nan"))
+            fn(0)  # q = pool.q into pool.out
+            sync()
+            if is_aotc:
+                row["max_abs_err"] = max_abs_err(pool, outs[0].view(-1, H_Q, D))
+            time_calls(fn, min(calls, 500), sync)  # warm-up
+            r = time_calls(fn, calls, sync)
+            row.update(median_us=r["median_us"], p99_us=r["p99_us"], calls=calls)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+        print(json.dumps(rounded(row)), flush=True)
+    ref = {r["case"]: r.get("median_us") for r in rows}
+    for r in rows:
+        for base, key in (("host_torch_sdpa_cudnn", "x_torch_sdpa"), ("host_fa3_kvcache", "x_fa3_op")):
+            if r.get("median_us") and ref.get(base):
+                r[key] = r["median_us"] / ref[base]
+    return rows
+
+
+def rounded(row: dict) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="writes DIR/paged_varlen.json")
+    ap.add_argument("--fa3", action="store_true", help="time FlashAttention-3 (the fa3-fwd wheel) too")
+    ap.add_argument("--quick", action="store_true", help=f"2 rounds, 300 host calls, without {', '.join(QUICK_SKIPS)}")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5; 2 with --quick)")
+    ap.add_argument("--calls", type=int, help="host-cost calls per row (default 3000; 300 with --quick)")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    calls = args.calls or (300 if args.quick else 3000)
+    import torch
+
+    import aotc.runtime
+    import aotc.torch
+    from benchmarks.bench_runtime import import_fa3, result_header
+
+    fa3 = import_fa3() if args.fa3 else None
+    rt = aotc.runtime.load(args.bundle)
+    aotc.torch.set_runtime(rt)
+    aotc.torch.register()
+    flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    rows = []
+    for seed, case in enumerate(CASES):
+        if args.quick and case.name in QUICK_SKIPS:
+            continue
+        try:
+            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_)
+        except Exception as e:  # e.g. no kernel for the case: the other cases still run
+            row = {"case": case.name, "kind": case.kind, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        rows.append(row)
+        print(json.dumps(rounded(row)), flush=True)
+        torch.cuda.empty_cache()
+    rows += host_rows(rt, fa3, calls, seed=100)
+    result = {**result_header("benchmarks/bench_paged_varlen.py", sys.argv[1:] if argv is None else argv),
+              "fa3": _version("fa3-fwd") if fa3 is not None else None,
+              "shape": {"dtype": "bf16", "D": D, "H_q": H_Q, "H_kv": H_KV, "page": PAGE, "kv_layout": "NHD"},
+              "rounds": rounds, "rows": rows}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "paged_varlen.json").write_text(json.dumps(result, indent=1))
+    print_table(rows)
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def print_table(rows: list[dict]) -> None:
+    nan = float("nan")
+    print(f"{'case':<34} {'aotc us':>9} {'rate':>8} {'aa x':>6} {'x dense':>7} {'x 2call':>7} {'x decode':>8} "
+          f"{'x fa3':>6} {'max err':>8}")
+    for r in rows:
+        if r["kind"] == "host" or "error" in r:
+            continue
+        rate = r.get("aotc_tflops", r.get("aotc_TBps", nan))
+        print(f"{r['case']:<34} {r.get('aotc_us', nan):>9.1f} {rate:>8.2f} {r.get('x_aa', nan):>6.3f} "
+              f"{r.get('x_dense', nan):>7.3f} {r.get('x_two_calls', nan):>7.3f} {r.get('x_decode', nan):>8.3f} "
+              f"{r.get('x_fa3', nan):>6.3f} {r.get('aotc_max_abs_err', nan):>8.1e}")
+    for r in rows:
+        if r["kind"] == "host":
+            error = f"  {r['error']}" if "error" in r else ""
+            print(f"{r.get('median_us', nan):8.2f} us  p99 {r.get('p99_us', nan):8.2f}  "
+                  f"x sdpa {r.get('x_torch_sdpa', nan):5.2f}  {r['call']}{error}")
+    for r in rows:
+        if "error" in r and r["kind"] != "host":
+            print(f"{r['case']}: {r['error']}")
+
+
+if __name__ == "__main__":
+    main()

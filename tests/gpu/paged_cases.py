@@ -1,0 +1,72 @@
+"""Paged K/V pools for the GPU tests of the families that read one (sdpa_decode, the attention entry point).
+
+A pool in NHD [pages, page_size, H_kv, D] or HND [pages, H_kv, page_size, D] whose page ids are a random
+permutation of the pool (a sequence's pages are not contiguous, and the pool holds `extra_pages` more than
+the sequences use), and a page table [B, max_pages] (int32; its row stride may be padded). Entries past a
+sequence's pages hold `pad_entry`: -1, or "spare" for the id of a page no sequence owns.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prefill_cases import DT
+
+
+class PagedCache:
+    """A K/V pool in NHD or HND with a shuffled page table (pages of a sequence are not contiguous)."""
+
+    def __init__(self, lengths, page, H_kv, D, dtype, layout, gen, extra_pages=7, pt_batch_stride=None,
+                 pt_pad_cols=0, pad_entry=-1):
+        self.lengths, self.page, self.layout = list(lengths), page, layout
+        self.need = [math.ceil(L / page) for L in lengths]
+        self.max_pages = max(1, max(self.need))
+        total = sum(self.need) + extra_pages
+        shape = (total, page, H_kv, D) if layout == "NHD" else (total, H_kv, page, D)
+        self.k = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
+        self.v = torch.randn(shape, dtype=DT[dtype], device="cuda", generator=gen)
+        perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
+        self.unused = perm[sum(self.need):].tolist()  # pages no sequence owns
+        if pad_entry == "spare":
+            if not self.unused:
+                raise ValueError("pad_entry='spare' needs extra_pages >= 1")
+            pad_entry = self.unused[0]
+        self.pad_entry = pad_entry
+        B = len(lengths)
+        if pt_batch_stride is None:  # a row stride of max_pages + pt_pad_cols
+            self._pt_buf = torch.empty(B, self.max_pages + pt_pad_cols, dtype=torch.int32, device="cuda")
+            self.page_table = self._pt_buf[:, :self.max_pages]
+        else:  # a page table whose batch stride exceeds 2^31 elements
+            self._pt_buf = torch.empty(pt_batch_stride * (B - 1) + self.max_pages, dtype=torch.int32, device="cuda")
+            self.page_table = self._pt_buf.as_strided((B, self.max_pages), (pt_batch_stride, 1))
+        self.page_table.fill_(pad_entry)
+        pos = 0
+        for b, n in enumerate(self.need):
+            self.page_table[b, :n] = perm[pos:pos + n]
+            pos += n
+        self.seqlens = torch.tensor(self.lengths, dtype=torch.int32, device="cuda")
+
+    def tokens(self, x):
+        """A pool as [pages, page_size, H_kv, D] (a view: writes reach the pool)."""
+        return x if self.layout == "NHD" else x.transpose(1, 2)
+
+    def dense(self, b, length=None):
+        """Sequence b's first `length` (default: its length) keys and values, [length, H_kv, D]."""
+        L, P = self.lengths[b] if length is None else length, self.page
+        pages = self.page_table[b, : math.ceil(L / P)].long()
+        k, v = self.tokens(self.k)[pages], self.tokens(self.v)[pages]  # [n, P, H, D]
+        H, D = k.shape[2], k.shape[3]
+        return k.reshape(-1, H, D)[:L], v.reshape(-1, H, D)[:L]
+
+    def poison(self, value, *, tails=True, unused=True):
+        """Write `value` into K and V where no sequence's keys are: the slots of each sequence's pages past
+        its length (tails: what a kernel reading its last page whole sees there) and the pages no sequence
+        owns (unused)."""
+        for x in (self.tokens(self.k), self.tokens(self.v)):
+            if unused and self.unused:
+                x[torch.tensor(self.unused, device="cuda").long()] = value
+            if tails:
+                for b, (L, n) in enumerate(zip(self.lengths, self.need)):
+                    for p in range(L // self.page, n):
+                        x[int(self.page_table[b, p]), L - p * self.page if p == L // self.page else 0:] = value

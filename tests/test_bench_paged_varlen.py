@@ -1,0 +1,101 @@
+"""benchmarks/bench_paged_varlen.py's pure-Python parts, without a GPU: the FLOPs the causal mask leaves
+visible, K/V bytes, the cases, the shuffled page assignment and page table, and the rates and ratios of a row."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from benchmarks.bench_paged_varlen import (CASES, CHUNK, QUICK_SKIPS, assign_pages, attention_flops, cu_seqlens,
+                                           derive, kv_bytes, page_table, visible_keys)
+from conftest import PYTHON, REPO
+
+
+def _counted(s_q, s_kv, causal):
+    """Every (row, key) pair looked at: row i sees key j iff j < s_kv and (not causal or j <= i + s_kv - s_q)."""
+    return sum(1 for i in range(s_q) for j in range(s_kv) if not causal or j <= i + s_kv - s_q)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_visible_keys_counts_every_row(causal):
+    for s_q in range(0, 12):
+        for s_kv in range(0, 12):
+            assert visible_keys(s_q, s_kv, causal) == _counted(s_q, s_kv, causal), (s_q, s_kv)
+    assert visible_keys(300, 70, causal) == _counted(300, 70, causal)  # rows that see no key
+
+
+def test_chunk_flops_are_the_prefix_plus_the_triangle():
+    for prefix in (0, 1, 8192, 30720):
+        visible = CHUNK * prefix + CHUNK * (CHUNK + 1) // 2
+        assert attention_flops([(CHUNK, prefix + CHUNK)]) == 4 * 128 * 32 * visible
+    assert attention_flops([(1, 4096)] * 64) == 4 * 128 * 32 * 64 * 4096  # a decode row sees every key
+    assert attention_flops([(0, 50), (4, 0)]) == 0
+    assert attention_flops([(10, 20)], heads_q=2, head_dim=64, causal=False) == 4 * 64 * 2 * 200
+
+
+def test_kv_bytes_read_each_key_and_value_once():
+    assert kv_bytes([(1, 4096)] * 64) == 2 * 64 * 4096 * 8 * 128 * 2
+    assert kv_bytes([(2048, 2048), (0, 10)], heads_kv=1, head_dim=64, elem_bytes=1) == 2 * 2058 * 64
+
+
+def test_cases_are_the_ones_the_results_describe():
+    by_name = {c.name: c for c in CASES}
+    assert len(by_name) == len(CASES)
+    for prefix in (0, 8192, 30720):
+        c = by_name[f"chunk2048_prefix{prefix}"]
+        assert (c.kind, c.seqs) == ("chunk", ((2048, prefix + 2048),))
+    mixed = by_name["mixed_chunk2048_decode63x4096"]
+    assert mixed.kind == "mixed" and mixed.seqs[0] == (2048, 2048) and mixed.seqs[1:] == ((1, 4096),) * 63
+    decode = by_name["decode_b64_4096"]
+    assert decode.kind == "decode" and decode.seqs == ((1, 4096),) * 64
+    assert all(s_kv >= s_q for c in CASES for s_q, s_kv in c.seqs)  # the KV length includes the new tokens
+    assert set(QUICK_SKIPS) <= set(by_name)
+
+
+def test_cu_seqlens():
+    assert cu_seqlens([]) == [0]
+    assert cu_seqlens([3, 0, 5]) == [0, 3, 3, 8]
+    assert cu_seqlens(n for n in (1, 1)) == [0, 1, 2]
+
+
+def test_assign_pages_gives_each_sequence_its_own_shuffled_pages():
+    lengths = [1, 16, 17, 0, 4096, 30000]
+    n_pages, rows = assign_pages(lengths, 16, seed=3, extra=5)
+    assert [len(r) for r in rows] == [1, 1, 2, 0, 256, 1875]
+    assert n_pages == sum(len(r) for r in rows) + 5
+    flat = [p for r in rows for p in r]
+    assert len(set(flat)) == len(flat) and all(0 <= p < n_pages for p in flat)
+    assert flat != sorted(flat)  # a permutation of the pool, not its order
+    assert assign_pages(lengths, 16, seed=3, extra=5) == (n_pages, rows)  # reproducible
+    assert assign_pages(lengths, 16, seed=4, extra=5)[1] != rows
+    assert assign_pages([0, 0], 16, seed=0) == (1, [[], []])  # a pool of at least one page
+
+
+def test_page_table_pads_every_row_to_one_width():
+    assert page_table([[3, 1], [], [7]]) == [[3, 1], [0, 0], [7, 0]]
+    assert page_table([[], []]) == [[0], [0]]
+    assert page_table([[2]], width=3, pad=-1) == [[2, -1, -1]]
+
+
+def test_derive_rates_and_ratios():
+    row = {"flops": 4e12, "kv_bytes": 8e9, "aotc_us": 1000.0, "aa_us": 1010.0, "fa3_us": 1500.0, "dense_us": 800.0}
+    derive(row, "chunk")
+    assert row["aotc_tflops"] == pytest.approx(4000.0) and row["fa3_tflops"] == pytest.approx(4000 / 1.5)
+    assert row["x_fa3"] == pytest.approx(1.5) and row["x_dense"] == pytest.approx(0.8)
+    assert row["x_aa"] == pytest.approx(1.01) and "x_aotc" not in row
+    row = {"flops": 1, "kv_bytes": 2e9, "aotc_us": 500.0, "decode_us": 600.0}
+    derive(row, "decode")
+    assert row["aotc_TBps"] == pytest.approx(4.0) and row["x_decode"] == pytest.approx(1.2)
+    assert "aotc_tflops" not in row
+    row = {"flops": 1, "kv_bytes": 1, "fa3_us": 3.0}
+    derive(row, "mixed")  # aotc missing (its error is in the row): no ratios, no rates
+    assert row == {"flops": 1, "kv_bytes": 1, "fa3_us": 3.0}
+
+
+def test_the_benchmark_imports_without_torch_and_explains_itself():
+    code = ("import sys; sys.path.insert(0, %r); import benchmarks.bench_paged_varlen as b; "
+            "assert 'torch' not in sys.modules, 'torch imported'; b.main(['--help'])" % str(REPO))
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for option in ("--bundle", "--fa3", "--out", "--quick"):
+        assert option in r.stdout
