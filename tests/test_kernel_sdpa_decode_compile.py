@@ -20,6 +20,7 @@ CASES = [
     ("sm_80", "fp16", 64, "dense"),
     ("sm_90", "bf16", 256, "paged128"),
 ]
+LAYOUTS = {("sm_90", "bf16", 128, "paged16"): "ragged"}  # Runtime.attention's decode rows; the rest dense
 
 
 def _entry_params(ptx: str, symbol: str) -> list[str]:
@@ -30,7 +31,8 @@ def _entry_params(ptx: str, symbol: str) -> list[str]:
 
 @pytest.mark.parametrize("arch,dtype,head_dim,kv", CASES)
 def test_compile(tmp_path, arch, dtype, head_dim, kv):
-    v = Variant.make("sdpa_decode", arch, dtype=dtype, head_dim=head_dim, kv=kv)
+    v = Variant.make("sdpa_decode", arch, dtype=dtype, head_dim=head_dim, kv=kv,
+                     layout=LAYOUTS.get((arch, dtype, head_dim, kv), "dense"))
     built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
     cubin, symbol, ptx = built.cubin, built.abi.symbol, built.ptx
     assert cubin[:4] == b"\x7fELF"
@@ -82,7 +84,7 @@ def test_compile(tmp_path, arch, dtype, head_dim, kv):
 
 
 def test_plain_compile_record(tmp_path):
-    v = Variant.make("sdpa_decode", "sm_90", dtype="fp16", head_dim=128, kv="dense")
+    v = Variant.make("sdpa_decode", "sm_90", dtype="fp16", head_dim=128, kv="dense", layout="dense")
     built = kernel.compile(v, dump_dir=str(tmp_path))
     assert isinstance(built.cubin, bytes) and built.cubin[:4] == b"\x7fELF"
     assert built.abi.symbol in cubin_mod.parse(built.cubin).kernels and built.ptx == ""

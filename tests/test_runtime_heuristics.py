@@ -26,7 +26,7 @@ def decode_facts(tmp_path_factory):
 
     facts = {}
     for d in (64, 128, 256):
-        v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=d, kv="paged16")
+        v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=d, kv="paged16", layout="dense")
         facts[d] = compile_variant(v, key="0" * 64, check_sources=False).launch.extra
     return facts
 

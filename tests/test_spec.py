@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 18 + 30
+    assert len(s.variants) == 18 + 36 + 32 + 18 + 30 + 24
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
@@ -40,7 +40,10 @@ def test_default_spec_loads():
     assert {(v["dtype"], v["head_dim"], v["layout"], v["block_n"]) for v in paged} == {
         (dt, d, f"paged{p}", 80 if d == 256 else 128) for dt in ("fp16", "bf16") for d in (64, 128, 256)
         for p in (16, 32, 64, 128) if d != 256 or p == 16} and all(v["causal"] for v in paged)
-    assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode}) == 5
+    assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode if v["layout"] == "dense"}) == 5
+    # the serving entry point's decode rows: ragged queries over every page size
+    assert {(v["kv"], v["head_dim"]) for v in decode if v["layout"] == "ragged"} == {
+        (f"paged{p}", d) for p in (16, 32, 64, 128) for d in (64, 128, 256)}
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))

@@ -9,6 +9,10 @@ Tensors (element strides; head-dim stride 1 everywhere):
   page_table int32 [B, max_pages], strides (b, p) (paged only)
   seqlens_kv int32 [B] on the device: sequence b has seqlens_kv[b] tokens (0 gives O = 0, LSE = -inf)
   O   [B, S_q, H_q, D] (dtype), LSE fp32 [B, H_q, S_q] (optional)
+  ragged layout: Q/O [total_q, H_q, D] and LSE [H_q, total_q] with cu_seqlens_q int32 [B + 1]; sequence b's
+      s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries are served when 1 <= s_b <= seqlen_q (the
+      plan's decode query length), else left alone (another kernel writes them); strides as dense with
+      the batch stride 0 and the sequence stride the token stride
 
 Causal within the new tokens: query i (0-based among S_q) sees keys j <= seqlens_kv[b] - S_q + i.
 GQA packing: a CTA serves one (batch, kv head, split) and up to ROWS_PER_CTA (token, query head) rows of
@@ -87,6 +91,7 @@ def tile(head_dim: int, arch: str) -> Tile:
 PARAMS: tuple[Param, ...] = (
     ptr("q", 16), ptr("k", 16), ptr("v", 16), ptr("o", 16), ptr("lse", 4),
     ptr("o_partial", 16), ptr("lse_partial", 4), ptr("counters", 4), ptr("page_table", 4), ptr("seqlens_kv", 4),
+    ptr("cu_seqlens_q", 4),  # ragged layout only (0 for dense)
     *scalars("i32", "batch", "seqlen_q", "heads_q", "heads_kv", "target_chunks", "max_pages", "write_lse"),
     Param("softmax_scale", "f32"),
     *scalars("i64", "q_stride_b", "q_stride_s", "q_stride_h", "k_stride_page", "k_stride_token", "k_stride_head",
@@ -127,6 +132,9 @@ FAMILY = register(Family(
         Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
         Field("head_dim", (64, 128, 256), "head dimension D"),
         Field("kv", KV_CHOICES, "dense KV [B, S, H_kv, D], or a paged pool with this page size"),
+        Field("layout", ("dense", "ragged"), "Q/O [B, S_q, H_q, D]; or ragged [total_q, H_q, D] with cu_seqlens_q, "
+                                             "serving the sequences of 1 .. seqlen_q queries (the decode rows of "
+                                             "Runtime.attention; the paged prefill kernel takes the others)"),
     ),
     why_invalid=lambda values: None,
     params=lambda v: PARAMS,

@@ -136,7 +136,7 @@ PARAMS: tuple[Param, ...] = (
     Param("tma_q", "tensormap", 16), Param("tma_k", "tensormap", 16), Param("tma_v", "tensormap", 16),
     ptr("o", 16), ptr("lse", 4), ptr("cu_seqlens_q", 4), ptr("cu_seqlens_kv", 4),
     ptr("page_table", 4), ptr("seqlens_kv", 4),
-    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse", "max_pages"),
+    *scalars("i32", "batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "write_lse", "max_pages", "min_seqlen_q"),
     Param("softmax_scale", "f32"),
     *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s",
              "pt_stride_b", "pt_stride_p"),

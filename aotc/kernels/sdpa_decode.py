@@ -131,6 +131,9 @@ class SdpaDecode:
         self.ROW_ITERS = BN // 16                # rows a thread copies per tile
         self.N_CHUNKS = D // ATOM_COLS           # 64-column chunks of D (O accumulators, V^T fragments)
         self.PAGED = PAGED = page > 0
+        # ragged: Q/O [total_q, H_q, D] with cu_seqlens_q; a sequence of 1 .. seqlen_q queries is served, any
+        # other is left to the kernel that takes longer ones (the serving entry point's decode rows)
+        self.RAGGED = variant["layout"] == "ragged"
         self.PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
         self.N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
         self.LOG2_P = page.bit_length() - 1 if PAGED else 0
@@ -155,7 +158,7 @@ class SdpaDecode:
         if self.smem_size != smem:
             raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {smem}")
         self.SharedStorage = SharedStorage
-        self.schedule = KvChunks(BN, MIN_CHUNK_BLOCKS, page)
+        self.schedule = KvChunks(BN, MIN_CHUNK_BLOCKS, page, self.RAGGED)
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
@@ -163,11 +166,33 @@ class SdpaDecode:
     def pointee_types(self) -> dict:
         return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
                 "o_partial": Float32, "lse_partial": Float32, "counters": Int32, "page_table": Int32,
-                "seqlens_kv": Int32}
+                "seqlens_kv": Int32, "cu_seqlens_q": Int32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
 
+
+    # ------------------------------------------------------------------ row addresses
+    # token i of the CTA's sequence: dense Q/O [B, S_q, H_q, D] and LSE [B, H_q, S_q]; ragged Q/O
+    # [total_q, H_q, D] and LSE [H_q, total_q] from the sequence's first query row q_row0
+
+    @cute.jit
+    def q_offset(self, ctx, i, h):
+        if cutlass.const_expr(self.RAGGED):
+            return Int64(ctx.q_row0 + i) * ctx.q_stride_s + Int64(h) * ctx.q_stride_h
+        return Int64(ctx.bidx) * ctx.q_stride_b + Int64(i) * ctx.q_stride_s + Int64(h) * ctx.q_stride_h
+
+    @cute.jit
+    def o_offset(self, ctx, i, h):
+        if cutlass.const_expr(self.RAGGED):
+            return Int64(ctx.q_row0 + i) * ctx.o_stride_s + Int64(h) * ctx.o_stride_h
+        return Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s + Int64(h) * ctx.o_stride_h
+
+    @cute.jit
+    def lse_offset(self, ctx, i, h):
+        if cutlass.const_expr(self.RAGGED):
+            return Int64(h) * ctx.lse_stride_h + Int64(ctx.q_row0 + i) * ctx.lse_stride_s
+        return Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h + Int64(i) * ctx.lse_stride_s
 
     # ------------------------------------------------------------------ global -> smem copies
 
@@ -247,8 +272,7 @@ class SdpaDecode:
         if rr < ctx.n_rows:
             i = rr // ctx.group
             h = ctx.kvh * ctx.group + (rr - i * ctx.group)
-            off = Int64(ctx.bidx) * ctx.q_stride_b + Int64(i) * ctx.q_stride_s + Int64(h) * ctx.q_stride_h
-            self.copy_row(g2s, thr, q, off, tQs[None, 0, None])
+            self.copy_row(g2s, thr, q, self.q_offset(ctx, i, h), tQs[None, 0, None])
         else:
             tQs[None, 0, None].fill(0)
         if cutlass.const_expr(self.PAGED):
@@ -417,14 +441,12 @@ class SdpaDecode:
                         lse_partial[Int64(ctx.chunk) * ctx.lp_stride_chunk
                                     + Int64(h) * ctx.lp_stride_h + Int64(i) * ctx.lp_stride_s] = lse_v
                 else:
-                    off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s
-                           + Int64(h) * ctx.o_stride_h + Int64(c0))
+                    off = self.o_offset(ctx, i, h) + Int64(c0)
                     dst = cute.make_tensor(ctx.o + cute.assume(off, divby=VEC), cute.make_layout(VEC))
                     dst.store(res.to(self.dtype))
                     if ctx.write_lse != 0:
                         if c0 == 0:
-                            lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
-                                    + Int64(i) * ctx.lse_stride_s] = lse_v
+                            lse[self.lse_offset(ctx, i, h)] = lse_v
         if ctx.n_seq > 1:
             self.split_arrive(ctx, tid)
             if mbase[0] != Float32(0.0):
@@ -524,21 +546,19 @@ class SdpaDecode:
                 if total > Float32(0.0):
                     inv = Float32(1.0) / total
                     lse_v = m_s + cute.math.log2(total, fastmath=True) * Float32(LN_2)
-                off = (Int64(ctx.bidx) * ctx.o_stride_b + Int64(i) * ctx.o_stride_s + Int64(h) * ctx.o_stride_h
-                       + Int64(lane * MERGE_VEC))
+                off = self.o_offset(ctx, i, h) + Int64(lane * MERGE_VEC)
                 dst = cute.make_tensor(o + cute.assume(off, divby=MERGE_VEC), cute.make_layout(MERGE_VEC))
                 dst.store((acc.load() * inv).to(self.dtype))
                 if ctx.write_lse != 0:
                     if lane == 0:
-                        lse[Int64(ctx.bidx) * ctx.lse_stride_b + Int64(h) * ctx.lse_stride_h
-                                + Int64(i) * ctx.lse_stride_s] = lse_v
+                        lse[self.lse_offset(ctx, i, h)] = lse_v
 
     @cute.kernel
     def sdpa_decode_kernel(
         self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
-        seqlens_kv: cute.Pointer,
+        seqlens_kv: cute.Pointer, cu_seqlens_q: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
         target_chunks: Int32, max_pages: Int32, write_lse: Int32,
         softmax_scale: Float32,
@@ -568,16 +588,22 @@ class SdpaDecode:
 
         # ------------------------------------------------------------ this chunk's sequence and kv range
         bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot = self.schedule.locate(
-            seqlens_kv, batch, max_pages, target_chunks, chunk, Int32(tidx) & 31)
+            seqlens_kv, batch, max_pages, target_chunks, chunk, Int32(tidx) & 31, cu_seqlens_q, seqlen_q)
         if bidx >= 0:  # past the last chunk: nothing to do (uniform over the CTA)
-            self.attend(
-                q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
-                softmax_scale, q_stride_b, q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
-                v_stride_page, v_stride_token, v_stride_head, o_stride_b, o_stride_s, o_stride_h,
-                lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
-                op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
-                Int32(tidx), col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-                group, n_rows, kvh, row_tile, row_tiles)
+            q_row0 = Int32(0)
+            s_q = seqlen_q
+            if cutlass.const_expr(self.RAGGED):  # this sequence's queries; a row tile it does not fill exits
+                q_row0 = cu_seqlens_q[bidx]
+                s_q = cu_seqlens_q[bidx + 1] - q_row0
+            if cutlass.const_expr(not self.RAGGED) or row_tile * _ROWS < group * s_q:
+                self.attend(
+                    q, k, v, o, lse, o_partial, lse_partial, counters, page_table, s_q, heads_kv, write_lse,
+                    softmax_scale, q_stride_b, q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
+                    v_stride_page, v_stride_token, v_stride_head, o_stride_b, o_stride_s, o_stride_h,
+                    lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
+                    op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
+                    Int32(tidx), col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
+                    group, group * s_q, kvh, row_tile, row_tiles, q_row0)
 
     @cute.jit
     def attend(self, q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
@@ -586,8 +612,9 @@ class SdpaDecode:
                lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
                op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
                tidx, col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-               group, n_rows, kvh, row_tile, row_tiles):
-        """The CTA's work on its chunk: keys [lo, hi) of sequence bidx for its (KV head, row tile)."""
+               group, n_rows, kvh, row_tile, row_tiles, q_row0):
+        """The CTA's work on its chunk: keys [lo, hi) of sequence bidx (seqlen_q queries, the first at row
+        q_row0 of a ragged Q) for its (KV head, row tile)."""
         n_blocks = Int32(0)
         if hi > lo:
             n_blocks = (hi - lo + (self.BN - 1)) // self.BN
@@ -604,7 +631,7 @@ class SdpaDecode:
         ring_ptr = storage.sKV.data_ptr()
         tile_layout = smem_tile_layout(self.BN, self.D)
         ctx = SimpleNamespace(
-            tidx=tidx, chunk=chunk, bidx=bidx, kvh=kvh, row_tile=row_tile,
+            tidx=tidx, chunk=chunk, bidx=bidx, kvh=kvh, row_tile=row_tile, q_row0=q_row0,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
             q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial, counters=counters,
             n_seq=n_seq, first_full=first_full, n_full=n_full, partial_slot=partial_slot,
@@ -670,7 +697,7 @@ class SdpaDecode:
         self,
         q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
         o_partial: cute.Pointer, lse_partial: cute.Pointer, counters: cute.Pointer, page_table: cute.Pointer,
-        seqlens_kv: cute.Pointer,
+        seqlens_kv: cute.Pointer, cu_seqlens_q: cute.Pointer,
         batch: Int32, seqlen_q: Int32, heads_q: Int32, heads_kv: Int32,
         target_chunks: Int32, max_pages: Int32, write_lse: Int32,
         softmax_scale: Float32,
@@ -688,7 +715,7 @@ class SdpaDecode:
         group = heads_q // heads_kv
         row_tiles = (group * seqlen_q + (_ROWS - 1)) // _ROWS
         self.sdpa_decode_kernel(
-            q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlens_kv,
+            q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlens_kv, cu_seqlens_q,
             batch, seqlen_q, heads_q, heads_kv, target_chunks, max_pages, write_lse,
             softmax_scale,
             q_stride_b, q_stride_s, q_stride_h,

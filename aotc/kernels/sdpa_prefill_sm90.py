@@ -197,8 +197,8 @@ class SdpaPrefillSm90:
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
 
     @cute.jit
-    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, group, heads_kv, max_pages, first_tile, n_ctas,
-                   n_items):
+    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages,
+                   first_tile, n_ctas, n_items):
         """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min) of this CTA's i-th tile
         (RaggedTiles: tile i % 2 of the pair of work item i // 2; valid 0 past the last item, or for the
         missing partner of a middle tile) and the kv blocks its queries see."""
@@ -208,7 +208,7 @@ class SdpaPrefillSm90:
             valid = Int32(1)
         t = cutlass.min(t, n_items - 1)
         bidx, kv_head, pair, tiles, q_start, s_q = self.ragged_tiles.locate(t, cu_seqlens_q, batch, group, heads_kv,
-                                                                            lane)
+                                                                            min_seqlen_q, lane)
         m_block = tiles - 1 - pair
         if i % 2 == 1:
             m_block = pair
@@ -581,7 +581,7 @@ class SdpaPrefillSm90:
         o: cute.Pointer, lse: cute.Pointer, cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
         page_table: cute.Pointer, seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
-        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32,
+        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32, min_seqlen_q: Int32,
         softmax_scale: Float32,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
@@ -617,9 +617,10 @@ class SdpaPrefillSm90:
         group = heads_q // heads_kv
 
         if cutlass.const_expr(self.paged):
-            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, group, heads_kv, tidx % 32)
+            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, group, heads_kv, min_seqlen_q, tidx % 32)
             rounds = 2 * ((n_items + (n_ctas - 1)) // n_ctas)  # two tiles per work item
-            paged_args = (cu_seqlens_q, seqlens_kv, batch, group, heads_kv, max_pages, first_tile, n_ctas, n_items)
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages, first_tile, n_ctas,
+                          n_items)
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -769,7 +770,7 @@ class SdpaPrefillSm90:
         o: cute.Pointer, lse: cute.Pointer, cu_seqlens_q: cute.Pointer, cu_seqlens_kv: cute.Pointer,
         page_table: cute.Pointer, seqlens_kv: cute.Pointer,
         batch: Int32, seqlen_q: Int32, seqlen_kv: Int32,
-        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32,
+        heads_q: Int32, heads_kv: Int32, write_lse: Int32, max_pages: Int32, min_seqlen_q: Int32,
         softmax_scale: Float32,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
@@ -791,7 +792,7 @@ class SdpaPrefillSm90:
         self.sdpa_prefill_sm90_kernel(
             desc(tma_q, Q_BOX_ROWS, q_rank), desc(tma_k, kv_rows, kv_rank), desc(tma_v, kv_rows, kv_rank),
             o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
-            batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, softmax_scale,
+            batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
         ).launch(
             grid=[132, 1, 1],

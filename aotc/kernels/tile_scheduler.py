@@ -128,10 +128,13 @@ class KvChunks:
     target_chunks + batch below aotc.families.schedulers.MAX_DECODE_CHUNKS.
     """
 
-    def __init__(self, block_n: int, min_chunk_blocks: int, page: int):
+    def __init__(self, block_n: int, min_chunk_blocks: int, page: int, ragged: bool = False):
         self.block_n = block_n
         self.min_chunk_blocks = min_chunk_blocks
         self.page = page  # 0: dense KV
+        # ragged queries: a sequence of 1 .. max_q queries (cu_seqlens_q) has chunks, any other none (another
+        # kernel serves it); its lengths read as -1
+        self.ragged = ragged
 
     @cute.jit
     def kv_tokens(self, seqlens_kv, b, max_pages):
@@ -148,17 +151,32 @@ class KvChunks:
         return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
 
     @cute.jit
-    def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane):
-        """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch): a round of
-        32 * SEQS_PER_LANE sequences, consecutive ones in each lane, the loads independent."""
-        for i in cutlass.range_constexpr(SEQS_PER_LANE):
-            b = r0 + SEQS_PER_LANE * lane + i
-            nt[i] = Int32(0)
-            if b < batch:
-                nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
+    def counted(self, n):
+        """The keys load_round's n stands for: a ragged batch's -1 (no chunk) counts as 0."""
+        if cutlass.const_expr(self.ragged):
+            n = cutlass.max(n, Int32(0))
+        return n
 
     @cute.jit
-    def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane):
+    def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q):
+        """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch; ragged, -1 past the batch
+        and for a sequence another kernel serves): a round of 32 * SEQS_PER_LANE sequences, consecutive
+        ones in each lane, the loads independent."""
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            b = r0 + SEQS_PER_LANE * lane + i
+            if cutlass.const_expr(self.ragged):
+                nt[i] = Int32(-1)
+                if b < batch:
+                    s_q = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+                    if s_q >= 1 and s_q <= max_q:
+                        nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
+            else:
+                nt[i] = Int32(0)
+                if b < batch:
+                    nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
+
+    @cute.jit
+    def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane, cu_seqlens_q=None, max_q=None):
         """(seq, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot) of chunk `chunk`: its sequence
         (-1 past the last chunk) and that sequence's keys, the chunk's key range [lo, hi), the sequence's
         chunk count, and where its chunks are (full chunk j is chunk first_full + j; its partial chunk,
@@ -171,17 +189,17 @@ class KvChunks:
         nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         w = Int32(0)
         for r0 in range(0, batch, ROUND):
-            self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
+            self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + (nt[i] + (bn - 1)) // bn
+                w = w + (self.counted(nt[i]) + (bn - 1)) // bn
         w = _warp_sum(w)
         c = cutlass.max(Int32(self.min_chunk_blocks), (w + (target_chunks - 1)) // target_chunks)
         f = Int32(0)
         for r0 in range(0, batch, ROUND):
             if batch > ROUND:  # else nt holds the one round already
-                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                f = f + (nt[i] + (bn - 1)) // bn // c
+                f = f + (self.counted(nt[i]) + (bn - 1)) // bn // c
         f_total = _warp_sum(f)
 
         seq = Int32(-1)
@@ -197,15 +215,23 @@ class KvChunks:
         pbv = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         for r0 in range(0, batch, ROUND):
             if batch > ROUND:
-                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane)
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
             mine = Int32(0)  # this lane's sequences' (full << 16) + partial chunk counts
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                nb = (nt[i] + (bn - 1)) // bn
-                fbv[i] = nb // c
-                pbv[i] = Int32(0)
-                if r0 + SEQS_PER_LANE * lane + i < batch:
-                    if nb - fbv[i] * c > 0 or nb == 0:
-                        pbv[i] = Int32(1)
+                if cutlass.const_expr(self.ragged):
+                    nb = (self.counted(nt[i]) + (bn - 1)) // bn
+                    fbv[i] = nb // c
+                    pbv[i] = Int32(0)
+                    if nt[i] >= 0:  # a sequence this kernel serves
+                        if nb - fbv[i] * c > 0 or nb == 0:
+                            pbv[i] = Int32(1)
+                else:
+                    nb = (nt[i] + (bn - 1)) // bn
+                    fbv[i] = nb // c
+                    pbv[i] = Int32(0)
+                    if r0 + SEQS_PER_LANE * lane + i < batch:
+                        if nb - fbv[i] * c > 0 or nb == 0:
+                            pbv[i] = Int32(1)
                 mine = mine + (fbv[i] << 16) + pbv[i]
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine
@@ -265,7 +291,8 @@ class RaggedTiles:
     Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b * group / bm)
     tiles per KV head: its group * s_b rows (token i, query head g of the KV head at row i * group + g:
     GQA packing, so a decode token's query heads share one tile and K/V are read once per KV head) cut
-    into tiles of bm rows. Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
+    into tiles of bm rows (none for a sequence of fewer than min_q queries: Runtime.attention gives its
+    decode rows to the decode kernel). Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
     (the middle tile of an odd m_b alone): with causal masks every pair of a sequence costs the same, so
     handing out pairs balances a persistent grid where single tiles, longest first, left CTAs with 1.8x
     the mean work (a 2048-token chunk, 64 tiles of 1..16 kv blocks per KV head, over 132 CTAs). Work item
@@ -278,21 +305,23 @@ class RaggedTiles:
         self.bm = block_m
 
     @cute.jit
-    def tiles_of(self, cu_seqlens_q, b, batch, group):
-        """Tiles per KV head of sequence b (0 past the batch)."""
+    def tiles_of(self, cu_seqlens_q, b, batch, group, min_q):
+        """Tiles per KV head of sequence b (0 past the batch, and for fewer than min_q queries: those
+        sequences are the decode kernel's)."""
         n = Int32(0)
         if b < batch:
             s = cutlass.max(cu_seqlens_q[b + 1] - cu_seqlens_q[b], Int32(0))
-            n = (s * group + (self.bm - 1)) // self.bm
+            if s >= min_q:
+                n = (s * group + (self.bm - 1)) // self.bm
         return n
 
     @cute.jit
-    def count(self, cu_seqlens_q, batch, group, heads_kv, lane):
+    def count(self, cu_seqlens_q, batch, group, heads_kv, min_q, lane):
         """Work items (tile pairs) of the batch, the same on every lane."""
         w = Int32(0)
         for r0 in range(0, batch, ROUND):
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group) + 1) // 2
+                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group, min_q) + 1) // 2
         return cute.arch.make_warp_uniform(_warp_sum(w) * heads_kv)
 
     @cute.jit
@@ -304,7 +333,7 @@ class RaggedTiles:
         return i * n_ctas + pos
 
     @cute.jit
-    def locate(self, t, cu_seqlens_q, batch, group, heads_kv, lane):
+    def locate(self, t, cu_seqlens_q, batch, group, heads_kv, min_q, lane):
         """(bidx, kv_head, pair, tiles, q_start, s_q) of work item t (< count()), warp-uniform: the item is
         tiles `tiles - 1 - pair` and `pair` of the sequence's KV head (one tile when they coincide)."""
         seq = Int32(-1)
@@ -315,7 +344,7 @@ class RaggedTiles:
             nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
             mine = Int32(0)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group)
+                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group, min_q)
                 mine = mine + (nt[i] + 1) // 2 * heads_kv
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine

@@ -267,25 +267,29 @@ class Runtime:
 
     def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                           causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                          max_seqlen_q: int | None = None):
+                          max_seqlen_q: int | None = None, decode_query_len: int = 1):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
-        [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one launch."""
+        [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
-                             softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q)
+                             softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
+                             decode_query_len=decode_query_len)
 
     def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                  max_seqlen_q: int | None = None, stream=None) -> None:
+                  max_seqlen_q: int | None = None, decode_query_len: int = 1, stream=None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
-        included; page_table), bottom-right causal per sequence, into out (and lse). max_seqlen_q is
-        accepted for engines that pass it; the kernel reads the lengths on the device."""
+        included; page_table), bottom-right causal per sequence, into out (and lse). Sequences of at most
+        decode_query_len queries (1, or 1 + speculative tokens) run on the decode kernel, longer ones on
+        the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
+        latter's launch. Both kernels read the lengths on the device."""
         from .attention import attention
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
-                  softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, stream=stream)
+                  softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
+                  decode_query_len=decode_query_len, stream=stream)
 
     MAX_PLANS = 1024
 

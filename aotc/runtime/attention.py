@@ -13,9 +13,15 @@ page_table int32 [B, max_pages] (any strides), K/V pools NHD [pages, page_size, 
 sequence: query i of a sequence with s_q new tokens and s_kv keys sees keys j <= i + s_kv - s_q; a row
 that sees no key gets O = 0, LSE = -inf. LSE fp32 natural log [H_q, total_q].
 
-The kernel (sdpa_prefill_sm90, layout pagedP) enumerates its work from the device-side lengths at every
-launch, so the plan holds no per-step schedule and a CUDA graph captured once replays with new lengths,
-page tables and query splits. A plan is prepared for one total_q (q's first extent); one per token count.
+Two kernels share a call, each reading the device-side lengths at every launch and taking its own rows:
+the decode kernel (sdpa_decode, layout ragged: GQA-packed, the batch's kv blocks cut into equal chunks
+merged in the same launch, so a few long contexts still fill the GPU) takes the sequences of 1 ..
+decode_query_len queries, the paged prefill kernel (sdpa_prefill_sm90, layout pagedP: wgmma tiles of
+GQA-packed rows, tile pairs over a persistent grid) every longer one. So the plan holds no per-step
+schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
+decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the paged prefill kernel; a
+max_seqlen_q <= decode_query_len skips its launch. A plan is prepared for one total_q (q's first
+extent); one per token count.
 """
 from __future__ import annotations
 
@@ -24,16 +30,20 @@ from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
 from ..families.schedulers import ragged_grid
+from ..families.sdpa_decode import MAX_SEQLEN_Q as DECODE_MAX_Q
 from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
+from .decode import DecodePlan
 from .plan import Plan, cached_plan, torch_key
 from .prefill import hopper_candidates
 from .tensors import TensorArg, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
 FAMILY = "sdpa_prefill_sm90"
+DECODE = "sdpa_decode"
+
 ENTRY = "attention"
 DTYPES = ("fp16", "bf16")
 
@@ -154,7 +164,7 @@ class AttentionPlan(Plan):
 
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                 max_seqlen_q: int | None = None):
+                 max_seqlen_q: int | None = None, decode_query_len: int = 1):
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -165,7 +175,11 @@ class AttentionPlan(Plan):
             raise ArgumentError("causal", causal, "True or False")
         if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
                                          or max_seqlen_q < 0):
-            raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0 (unused: the kernel reads the lengths)")
+            raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0: the longest query count of the batch")
+        if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
+                or not 0 <= decode_query_len <= DECODE_MAX_Q):
+            raise ArgumentError("decode_query_len", decode_query_len, f"an int in [0, {DECODE_MAX_Q}]: sequences of "
+                                                                      "at most this many queries go to the decode kernel")
         device = runtime.device()
         d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
         if softmax_scale is None:
@@ -173,6 +187,16 @@ class AttentionPlan(Plan):
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
+        # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens)
+        decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged"}
+        if not causal or runtime.find(DECODE, device, [decode_kv]) is None:
+            decode_query_len = 0
+        self.decode = None
+        if decode_query_len:
+            self.decode = DecodePlan(runtime, t["q"], t["k_cache"], t["v_cache"], t["out"], sl, pt, ls,
+                                     kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
+                                     decode_query_len=decode_query_len)
+        self.decode_query_len = decode_query_len
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
         kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, 0))
         if kernel is None:
@@ -188,14 +212,17 @@ class AttentionPlan(Plan):
             "o": o_.ptr, "lse": 0 if ls is None else ls.ptr, "cu_seqlens_q": cuq.ptr, "cu_seqlens_kv": 0,
             "page_table": pt.ptr, "seqlens_kv": sl.ptr,
             "batch": d.batch, "seqlen_q": 0, "seqlen_kv": 0, "heads_q": d.heads_q, "heads_kv": d.heads_kv,
-            "write_lse": int(ls is not None), "max_pages": pt.shape[1], "softmax_scale": float(softmax_scale),
+            "write_lse": int(ls is not None), "max_pages": pt.shape[1], "min_seqlen_q": decode_query_len + 1,
+            "softmax_scale": float(softmax_scale),
             "o_stride_b": 0, "o_stride_s": o_.strides[0], "o_stride_h": o_.strides[1],
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
         }
         self.has_lse = ls is not None
         self.shape = d
-        grid = ragged_grid(multiprocessor_count(device)) if d.batch and d.total_q else (0, 0, 0)
+        # no launch when nothing is left for it: an empty batch, or every sequence a decode row
+        longer = max_seqlen_q is None or max_seqlen_q > decode_query_len
+        grid = ragged_grid(multiprocessor_count(device)) if d.batch and d.total_q and longer else (0, 0, 0)
         self.bind(kernel, grid, device, values)
         self._q_slot, self._slots = self.slots("tma_q")[0], self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv",
                                                                          "page_table")
@@ -208,6 +235,8 @@ class AttentionPlan(Plan):
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
             stream: int = 0) -> None:
         """One step with new raw pointers for the prepared layouts (0 keeps the prepared metadata pointer)."""
+        if self.decode is not None:
+            self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
         if self.launcher.empty:
             return
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
@@ -254,10 +283,10 @@ def _layout(*recs) -> tuple:
 
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
-              softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, stream=None) -> None:
+              softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, stream=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached."""
     seen = torch_layouts(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse)
-    scalars = (causal, softmax_scale, kv_layout)
+    scalars = (causal, softmax_scale, kv_layout, max_seqlen_q, decode_query_len)
     if seen is not None:  # torch tensors: a key from their layouts and the pools' pointers (see torch_key)
         fast = torch_key(ENTRY, runtime.device(), seen, (k_cache, v_cache), scalars)
         plan = runtime.plans.get(fast)
@@ -272,7 +301,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
-        kv_layout=kv_layout, max_seqlen_q=max_seqlen_q))
+        kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream))

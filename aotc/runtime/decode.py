@@ -98,20 +98,25 @@ class DecodePlan(Plan):
 
     def __init__(self, runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                  max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
-                 workspace=None, softmax_scale: float | None = None):
+                 workspace=None, softmax_scale: float | None = None, cu_seqlens_q=None, decode_query_len: int = 0):
+        """cu_seqlens_q (with decode_query_len, 1..16): ragged Q/O [total_q, H_q, D] and LSE [H_q, total_q];
+        the sequences of 1 .. decode_query_len queries are served, the others left alone (Runtime.attention
+        gives them to its paged prefill kernel)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         sl = as_tensor(seqlens_kv, "seqlens_kv")
         pt = None if page_table is None else as_tensor(page_table, "page_table")
         ls = None if lse is None else as_tensor(lse, "lse")
+        cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
         device = runtime.device()
-        d = check_decode(runtime, device, t, sl, pt, ls, max_seqlen_kv, kv_layout)
+        d = check_decode(runtime, device, t, sl, pt, ls, max_seqlen_kv, kv_layout, cuq, decode_query_len)
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(d.head_dim)
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         kv = "dense" if pt is None else f"paged{d.page}"
-        kernel = runtime.select(FAMILY, device, [{"dtype": t["q"].dtype, "head_dim": d.head_dim, "kv": kv}])
+        kernel = runtime.select(FAMILY, device, [{"dtype": t["q"].dtype, "head_dim": d.head_dim, "kv": kv,
+                                                  "layout": "dense" if cuq is None else "ragged"}])
         facts = kernel.artifact.launch.extra  # the tile the cubin was built with
         columns = decode_columns(d.heads_q, d.heads_kv, d.seqlen_q, int(facts["rows_per_cta"]))
         if chunks is None:
@@ -132,19 +137,21 @@ class DecodePlan(Plan):
             lp_ptr, counters_ptr = ws_ptr + at["lse_partial"], ws_ptr + at["counters"]
             driver.memset_d32(counters_ptr, 0, at["n_counters"])  # every step leaves them zero again
         q_, k_, v_, o_ = t["q"], t["k_cache"], t["v_cache"], t["out"]
-        lse_strides = ls.strides if ls is not None else (0, 0, 0)
+        lse_strides = (0, 0, 0) if ls is None else ((0, *ls.strides) if cuq is not None else ls.strides)
+        # (batch, token, head) strides: ragged Q/O have no batch axis, LSE [H_q, total_q]
+        q_strides, o_strides = ((0, *x.strides[:2]) if cuq is not None else x.strides[:3] for x in (q_, o_))
         pt_strides = pt.strides if pt is not None else (0, 0)
         values = {
             "q": q_.ptr, "k": k_.ptr, "v": v_.ptr, "o": o_.ptr, "lse": 0 if ls is None else ls.ptr,
             "o_partial": ws_ptr, "lse_partial": lp_ptr, "counters": counters_ptr,
-            "page_table": 0 if pt is None else pt.ptr, "seqlens_kv": sl.ptr,
+            "page_table": 0 if pt is None else pt.ptr, "seqlens_kv": sl.ptr, "cu_seqlens_q": 0 if cuq is None else cuq.ptr,
             "batch": d.batch, "seqlen_q": d.seqlen_q, "heads_q": d.heads_q, "heads_kv": d.heads_kv,
             "target_chunks": chunks, "max_pages": 0 if pt is None else pt.shape[1], "write_lse": int(ls is not None),
             "softmax_scale": float(softmax_scale),
-            "q_stride_b": q_.strides[0], "q_stride_s": q_.strides[1], "q_stride_h": q_.strides[2],
+            "q_stride_b": q_strides[0], "q_stride_s": q_strides[1], "q_stride_h": q_strides[2],
             "k_stride_page": d.k_strides[0], "k_stride_token": d.k_strides[1], "k_stride_head": d.k_strides[2],
             "v_stride_page": d.v_strides[0], "v_stride_token": d.v_strides[1], "v_stride_head": d.v_strides[2],
-            "o_stride_b": o_.strides[0], "o_stride_s": o_.strides[1], "o_stride_h": o_.strides[2],
+            "o_stride_b": o_strides[0], "o_stride_s": o_strides[1], "o_stride_h": o_strides[2],
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
             "pt_stride_b": pt_strides[0], "pt_stride_p": pt_strides[1],
             # partials [chunk slot, S_q, H_q, D] and [chunk slot, H_q, S_q], fp32
@@ -153,17 +160,20 @@ class DecodePlan(Plan):
         }
         self.has_lse = ls is not None
         self.paged = pt is not None
+        self.ragged = cuq is not None
         self.bind(kernel, decode_grid(columns, chunks, d.batch) if d.batch else (0, 0, 0), device, values)
         self.layout = _layout(q_, o_, ls)
         self.layout_of = {"seqlens_kv": (sl.shape, sl.strides, sl.dtype),
                           "page_table": None if pt is None else (pt.shape, pt.strides, pt.dtype)}
-        self._slots = self.slots("q", "o", "lse", "seqlens_kv", "page_table")
-        self._mq, self._mo, self._ml, self._msl, self._mpt = self.masks("q", "o", "lse", "seqlens_kv", "page_table")
+        self._slots = self.slots("q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
+        self._mq, self._mo, self._ml, self._msl, self._mpt, self._mcq = self.masks(
+            "q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
         # and page table (new pointers a step may give; the prepared ones otherwise)
         self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws}, {"out": o_, "lse": ls},
-                              {"q": q_, "seqlens_kv": sl, "page_table": pt})
+                              {"q": q_, "seqlens_kv": sl, "page_table": pt, "cu_seqlens_q": cuq})
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
+        self._cq_ptr = 0 if cuq is None else cuq.ptr
 
     def _workspace(self, workspace, device: int, t: dict, sl, pt, ls) -> TensorArg:
         """The caller's workspace, checked, or the plan's own (allocated and zeroed now)."""
@@ -181,15 +191,21 @@ class DecodePlan(Plan):
                                          **({"lse": ls} if ls else {})})
         return ws
 
-    def run(self, q: int, out: int, lse: int = 0, seqlens_kv: int = 0, page_table: int = 0, stream: int = 0) -> None:
-        """One decode step with new raw pointers (0 for seqlens_kv/page_table keeps the prepared ones)."""
+    def run(self, q: int, out: int, lse: int = 0, seqlens_kv: int = 0, page_table: int = 0, stream: int = 0,
+            cu_seqlens_q: int = 0) -> None:
+        """One decode step with new raw pointers (0 for seqlens_kv/page_table/cu_seqlens_q keeps the prepared
+        ones)."""
         if self.launcher.empty:
             return
-        if q & self._mq or out & self._mo or lse & self._ml or seqlens_kv & self._msl or page_table & self._mpt:
-            raise self.misaligned(("q", "o", "lse", "seqlens_kv", "page_table"), (q, out, lse, seqlens_kv, page_table))
+        if (q & self._mq or out & self._mo or lse & self._ml or seqlens_kv & self._msl or page_table & self._mpt
+                or cu_seqlens_q & self._mcq):
+            raise self.misaligned(("q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q"),
+                                  (q, out, lse, seqlens_kv, page_table, cu_seqlens_q))
         self.check_lse(lse)
         if page_table and not self.paged:
             raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
+        if cu_seqlens_q and not self.ragged:
+            raise ArgumentError("cu_seqlens_q", hex(cu_seqlens_q), "0 (the plan's queries are [B, S_q, H_q, D])")
         s = self._slots
         s[0].value = q
         s[1].value = out
@@ -198,6 +214,8 @@ class DecodePlan(Plan):
             s[3].value = seqlens_kv
         if page_table:
             s[4].value = page_table
+        if cu_seqlens_q:
+            s[5].value = cu_seqlens_q
         self._launch(stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:
@@ -205,7 +223,7 @@ class DecodePlan(Plan):
         seen = torch_layouts(q, out, lse) if seqlens_kv is None and page_table is None else None
         if seen is not None and seen == self._torch_seen:  # torch tensors laid out as ones checked before
             q, out, lse = q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr()
-            self._spans.check_pointers((out, lse), (q, self._sl_ptr, self._pt_ptr))
+            self._spans.check_pointers((out, lse), (q, self._sl_ptr, self._pt_ptr, self._cq_ptr))
             self.run(q, out, lse, 0, 0, as_stream(stream))
             return
         q_, o_ = as_tensor(q, "q"), as_tensor(out, "out")
@@ -230,7 +248,8 @@ class DecodePlan(Plan):
                     stream: int = 0) -> None:
         """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
         overlap no input (the one-call APIs and the torch ops come here)."""
-        self._spans.check_pointers((out, lse), (q, seqlens_kv or self._sl_ptr, page_table or self._pt_ptr))
+        self._spans.check_pointers((out, lse), (q, seqlens_kv or self._sl_ptr, page_table or self._pt_ptr,
+                                                self._cq_ptr))
         self.run(q, out, lse, seqlens_kv, page_table, stream)
 
 
@@ -240,19 +259,35 @@ def _layout(q: TensorArg, o: TensorArg, ls: TensorArg | None) -> tuple:
 
 
 def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, pt: TensorArg | None,
-                 ls: TensorArg | None, max_seqlen_kv, kv_layout: str) -> DecodeShape:
-    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one."""
+                 ls: TensorArg | None, max_seqlen_kv, kv_layout: str, cuq: TensorArg | None = None,
+                 decode_query_len: int = 0) -> DecodeShape:
+    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one.
+    cuq: ragged queries (q/out [total_q, H_q, D], LSE [H_q, total_q]) of at most decode_query_len a sequence."""
     q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
     V.dtype(q, "q", DTYPES)
     for name in ("k_cache", "v_cache", "out"):
         V.dtype(t[name], name, (q.dtype,))
-    V.ndim(q, "q", 4, "B, S_q, H_q, D")
-    V.ndim(o, "out", 4, "B, S_q, H_q, D")
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    for axis in range(4):
+    if cuq is None:
+        V.ndim(q, "q", 4, "B, S_q, H_q, D")
+        V.ndim(o, "out", 4, "B, S_q, H_q, D")
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        if not 1 <= seqlen_q <= MAX_SEQLEN_Q:
+            raise ArgumentError("q.shape[1]", seqlen_q, f"S_q in [1, {MAX_SEQLEN_Q}] new tokens (use prefill for more)")
+    else:
+        V.ndim(q, "q", 3, "total_q, H_q, D")
+        V.ndim(o, "out", 3, "total_q, H_q, D")
+        V.dtype(cuq, "cu_seqlens_q", ("int32",))
+        V.ndim(cuq, "cu_seqlens_q", 1, "B + 1")
+        if cuq.shape[0] < 1 or (cuq.shape[0] > 1 and cuq.strides[0] != 1):
+            raise ArgumentError("cu_seqlens_q", (cuq.shape, cuq.strides), "B + 1 >= 1 contiguous int32")
+        V.aligned(cuq, "cu_seqlens_q", 4)
+        if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
+                or not 1 <= decode_query_len <= MAX_SEQLEN_Q):
+            raise ArgumentError("decode_query_len", decode_query_len, f"an int in [1, {MAX_SEQLEN_Q}]")
+        batch, seqlen_q = cuq.shape[0] - 1, decode_query_len
+        _, heads_q, head_dim = q.shape
+    for axis in range(len(q.shape)):
         V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
-    if not 1 <= seqlen_q <= MAX_SEQLEN_Q:
-        raise ArgumentError("q.shape[1]", seqlen_q, f"S_q in [1, {MAX_SEQLEN_Q}] new tokens (use prefill for more)")
     if kv_layout not in ("NHD", "HND"):
         raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, page_size, D])")
     for name in ("k_cache", "v_cache"):
@@ -300,14 +335,17 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     elif max_seqlen_kv is not None and k.shape[1] < max_seqlen_kv:
         raise ArgumentError("k_cache.shape[1]", k.shape[1], f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
     if ls is not None:
-        V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)), "from q")
+        V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)) if cuq is None else
+                     (("H_q", heads_q), ("total_q", q.shape[0])), "from q")
         tensors["lse"] = ls
+    if cuq is not None:
+        tensors["cu_seqlens_q"] = cuq
     V.cuda_device(tensors, device)
     for name in ("q", "k_cache", "v_cache", "out"):
         x = t[name]
-        V.unit_stride(x, name, 3)
+        V.unit_stride(x, name, len(x.shape) - 1)
         V.aligned(x, name, 16)
-        V.stride_multiple(x, name, range(3), 8)
+        V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
     V.no_self_overlap(o, "out")
     V.int32_extent(batch, "B")
     if batch >= MAX_CHUNK_SLOTS or heads_kv > 65535:
@@ -317,7 +355,8 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         raise ArgumentError("H_q", heads_q, f"at most {V.INT32_MAX // seqlen_q} (S_q * H_q rows of a sequence "
                                             "are 32-bit in the kernel)")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})},
-                 {"q": q, "k_cache": k, "v_cache": v, "seqlens_kv": sl, **({"page_table": pt} if pt else {})})
+                 {"q": q, "k_cache": k, "v_cache": v, "seqlens_kv": sl, **({"page_table": pt} if pt else {}),
+                  **({"cu_seqlens_q": cuq} if cuq else {})})
     return DecodeShape(batch, seqlen_q, heads_q, head_dim, heads_kv, page,
                        (k.strides[0], k.strides[tok_ax], k.strides[head_ax]),
                        (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))

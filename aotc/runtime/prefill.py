@@ -34,7 +34,7 @@ MAX_GRID_YZ = 65535
 # loop pays the wide tile's partial last block and its Q-staged epilogue;
 # benchmarks/results/prefill_experiment_d128_block_n_176.json).
 LONG_KV = 8192
-_PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "pt_stride_b", "pt_stride_p")
+_PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def main() -> None:
     limit = tile(128, "sm_90").smem_limit
     for name in args.configs:
         kw, slots, ctas = CONFIGS[name]
-        write_tuning_bundle(name, [Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv)
+        write_tuning_bundle(name, [Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv, layout="dense")
                                    for kv in ("paged16", "paged64", "dense")], out / f"{name}.aotc",
                             tile=Tile(kw, slots, ctas, limit))
 
