@@ -24,18 +24,21 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 30
+    assert len(s.variants) == 18 + 36 + 32 + 30 + 6
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
     hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90"]
     decode = [v for v in s.variants if v.family == "sdpa_decode"]
+    kv_write = [v for v in s.variants if v.family == "kv_write"]
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
     # every head dim at its tuned kv tile widths only: D128 twice (the runtime picks by kv length)
     assert sorted({(v["head_dim"], v["block_n"]) for v in hopper}) == [(64, 128), (128, 128), (128, 176), (256, 80)]
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode}) == 5
+    assert {v.arch for v in kv_write} == {"sm_90"} and {(v["dtype"], v["head_dim"]) for v in kv_write} == set(
+        itertools.product(("fp16", "bf16"), (64, 128, 256)))
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
