@@ -58,6 +58,17 @@ def git_commit() -> str:
     return r.stdout.strip() if r.returncode == 0 else "unknown"
 
 
+def run_facts(script: str) -> dict:
+    """What a benchmark's JSON opens with: date, GPU and its clocks, torch, the commit and the command line."""
+    import torch
+
+    clocks = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem",
+                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+            "clocks": clocks, "torch": torch.__version__, "git_commit": git_commit(),
+            "command": f"python benchmarks/{script} " + " ".join(sys.argv[1:])}
+
+
 def load_baselines(paths: list[str]) -> dict:
     """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given. A
     bundle of an earlier aotc whose parameter lists differ only by the pointee alignments this one records
