@@ -39,6 +39,7 @@ bench:
 	$(GPU_PYTHON) benchmarks/bench_runtime.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_prefill.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode.py --bundle artifacts/default.aotc --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/bench_kv_write.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)

@@ -1,9 +1,11 @@
 """PyTorch ops over the aotc runtime: ``torch.ops.aotc.{prefill, prefill_varlen, decode}`` (returning out and
 LSE) and their ``*_out`` forms, which write into caller-provided buffers as serving engines' attention
-backends do (``accept_output_buffer``).
+backends do (``accept_output_buffer``), and ``torch.ops.aotc.kv_write``, which writes the step's new K/V
+into paged KV-cache pools in place (vLLM's ``reshape_and_cache_flash``).
 
     import torch, aotc.torch
     out, lse = torch.ops.aotc.prefill(q, k, v, True, None)     # or aotc.torch.prefill(q, k, v, causal=True)
+    torch.ops.aotc.kv_write(key, value, k_cache, v_cache, slot_mapping, "NHD")         # then, per layer:
     torch.ops.aotc.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse)   # one call per layer
 
 * Importing ``aotc.torch`` never imports torch: the ops are registered at once when torch is already
@@ -24,6 +26,14 @@ backends do (``accept_output_buffer``).
 Outputs: ``out`` has q's shape and dtype; ``lse`` is fp32, natural log: ``[B, H_q, S_q]`` for prefill and
 decode, ``[H_q, total_q]`` for prefill_varlen. Semantics (bottom-right causal alignment, GQA, paged
 layouts) are the runtime's: see ``Runtime.prefill``, ``Runtime.prefill_ragged`` and ``Runtime.decode``.
+
+kv_write: key/value ``[tokens, H_kv, D]`` (fp16/bf16, any 16-byte aligned token and head strides, e.g.
+slices of a fused qkv), pools ``[pages, page_size, H_kv, D]`` (``kv_layout="NHD"``) or
+``[pages, H_kv, page_size, D]`` (``"HND"``) of the same dtype, slot_mapping int64 ``[num_tokens]``
+(``num_tokens <= tokens``: the rows of a padded batch past it are not read). Token i goes to page
+``slot // page_size``, in-page slot ``slot % page_size``; -1, and any slot outside the pools, is skipped on
+the device. The op mutates k_cache and v_cache (the schema says so) and returns nothing; its plan is
+cached per pool set and layout, so every batch size of a serving loop reuses it (see ``Runtime.kv_write``).
 """
 from __future__ import annotations
 
@@ -31,7 +41,8 @@ import importlib
 import sys
 import threading
 
-__all__ = ["register", "set_runtime", "get_runtime", "prefill", "prefill_varlen", "decode", "attention", "SCHEMAS"]
+__all__ = ["register", "set_runtime", "get_runtime", "prefill", "prefill_varlen", "decode", "attention", "kv_write",
+           "SCHEMAS"]
 
 NAMESPACE = "aotc"
 # operator schemas (torch's schema language); the Python signatures below match them
@@ -55,6 +66,8 @@ SCHEMAS = {
     "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor page_table, "
                  "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
                  "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1) -> ()",
+    "kv_write": "(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
+                "str kv_layout=\"NHD\") -> ()",
 }
 
 _lock = threading.RLock()
@@ -71,8 +84,8 @@ def _torch():
 def set_runtime(runtime=None, *paths) -> None:
     """Use this Runtime for the ops (or load bundle paths: set_runtime("a.aotc", "b.aotc")); None resets.
 
-    Any object with the Runtime's ``prefill``, ``prefill_ragged`` and ``decode`` methods will do for CPU
-    tensors (tests use a torch reference); CUDA tensors need a real Runtime (its prepared plans).
+    Any object with the Runtime's ``prefill``, ``prefill_ragged``, ``decode`` and ``kv_write`` methods will do
+    for CPU tensors (tests use a torch reference); CUDA tensors need a real Runtime (its prepared plans).
     """
     global _runtime
     if isinstance(runtime, (str, bytes)) or hasattr(runtime, "__fspath__"):
@@ -206,9 +219,19 @@ def _decode_out_op(q, k_cache, v_cache, seqlens_kv, page_table, out, lse=None, w
     _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
 
 
+def _kv_write_op(key, value, k_cache, v_cache, slot_mapping, kv_layout="NHD"):
+    torch, rt = _torch(), get_runtime()
+    if key.is_cuda:
+        dev = key.get_device()
+        _on_device(torch, dev, lambda: rt.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout,
+                                                   stream=_stream(torch, dev)))
+    else:
+        rt.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=None)
+
+
 _KERNELS = {"prefill": _prefill_op, "prefill_out": _prefill_out_op, "prefill_varlen": _prefill_varlen_op,
             "prefill_varlen_out": _prefill_varlen_out_op, "decode": _decode_op, "decode_out": _decode_out_op,
-            "attention": _attention_op}
+            "attention": _attention_op, "kv_write": _kv_write_op}
 
 
 # ---- fake (meta) implementations ---------------------------------------------------------------------
@@ -232,7 +255,8 @@ def _fake_out(q, *args, **kwargs):
 
 
 _FAKES = {"prefill": _fake_dense, "prefill_out": _fake_out, "prefill_varlen": _fake_varlen,
-          "prefill_varlen_out": _fake_out, "decode": _fake_dense, "decode_out": _fake_out, "attention": _fake_out}
+          "prefill_varlen_out": _fake_out, "decode": _fake_dense, "decode_out": _fake_out, "attention": _fake_out,
+          "kv_write": _fake_out}
 
 
 # ---- registration -------------------------------------------------------------------------------
@@ -319,6 +343,14 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
                   kv_layout, decode_query_len)
     return out, lse
+
+
+def kv_write(key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD") -> None:
+    """Write key/value [tokens, H_kv, D] into the paged pools k_cache/v_cache (NHD or HND, in place) at the int64
+    slots of slot_mapping [num_tokens <= tokens]: torch.ops.aotc.kv_write. A slot of -1 (padding), or any
+    other slot outside the pools, is skipped."""
+    ops = _ops or register()
+    ops.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout)
 
 
 if "torch" in sys.modules:  # torch is already here: make torch.ops.aotc.* available at once

@@ -57,8 +57,7 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert caps["refused"] == [] and caps["other_abi"] == [] and caps["unmapped_families"] == []
     eps = caps["entry_points"]
     assert list(eps) == list(ENTRY_POINTS)
-    assert caps["kernels"] == sum(eps[n]["kernels"] for n in ("prefill", "prefill_ragged", "decode", "combine",
-                                                              "attention", "kv_write"))
+    assert caps["kernels"] == sum(s["kernels"] for e in eps.values() for s in e["served_by"])
     for name, layout in (("prefill", "dense"), ("prefill_ragged", "ragged")):
         e = eps[name]
         assert e["supported"] and e["dtypes"] == ["bf16", "fp16"] and e["head_dims"] == [64, 128, 256]
@@ -81,7 +80,12 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     a = eps["attention"]  # the Hopper family's paged layouts: causal, D256 at page 16 only
     assert a["supported"] and a["dtypes"] == ["bf16", "fp16"] and a["head_dims"] == [64, 128, 256]
     assert a["page_sizes"] == [16, 32, 64, 128] and a["kv_layouts"] == ["NHD", "HND"] and a["causal"] == [True]
-    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 18)]
+    # its decode rows' kernel is listed, out of the summary (the paged kernel decides what is served)
+    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 18),
+                                                                                ("sdpa_decode", "sm_90", 24)]
+    assert a["kernels"] == 18 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
+    w = eps["kv_write"]
+    assert w["supported"] and w["dtypes"] == ["bf16", "fp16"] and w["head_dims"] == [64, 128, 256]
     assert sorted((g["head_dim"], g["layout"]) for g in a["gaps"]) == sorted(
         (256, f"paged{p}") for p in (32, 64, 128) for _ in ("bf16", "fp16"))
     assert default_runtime.capabilities(arch="sm_90") == caps | {"arch": "sm_90"}  # one compute capability
@@ -119,15 +123,16 @@ def test_a_bundle_of_one_variant(tmp_path, real_artifacts):
 
 
 def test_new_families_and_fields_appear_without_code_changes():
-    kv_write_abi = KernelABI("kernel", (ptr("k", 16), ptr("v", 16), ptr("k_cache", 16), ptr("v_cache", 16),
-                                        ptr("slot_mapping", 8), *scalars("i32", "tokens")))
+    from aotc.families.kv_write import PARAMS as KV_WRITE_PARAMS
+
+    kv_write_abi = KernelABI("kernel", KV_WRITE_PARAMS)
     rt = Runtime([
         kernel("sdpa_prefill_sm90", dtype="bf16", head_dim=128, layout="paged64", causal=True, block_n=128,
                softcap=True),
         kernel("sdpa_prefill_sm90", dtype="bf16", head_dim=128, layout="paged16", causal=True, block_n=128,
                softcap=False),
         kernel("sdpa_prefill_sm90", dtype="bf16", head_dim=128, layout="dense", causal=False, block_n=128),
-        kernel("kv_write", "sm_90", kv_write_abi, dtype="bf16", head_dim=128, kv_dtype="fp8_e4m3"),
+        kernel("kv_write", "sm_90", kv_write_abi, dtype="bf16", head_dim=128),
         kernel("sdpa_future", "sm_90", kv_write_abi, dtype="bf16"),
     ])
     caps = json_ready(rt.capabilities(arch="sm_90a"))
@@ -137,7 +142,7 @@ def test_new_families_and_fields_appear_without_code_changes():
     assert a["fields"]["softcap"] == [False, True] and a["causal"] == [True] and a["lse"] is True
     assert eps["prefill"]["kernels"] == 1 and "softcap" not in eps["prefill"]["fields"]  # paged: not prefill's
     w = eps["kv_write"]
-    assert w["supported"] and w["lse"] is False and w["fields"]["kv_dtype"] == ["fp8_e4m3"]
+    assert w["supported"] and w["lse"] is False and w["fields"] == {"dtype": ["bf16"], "head_dim": [128]}
     assert w["served_by"][0]["family"] == "kv_write" and w["served_by"][0]["arch"] == "sm_90"
     assert caps["unmapped_families"] == ["sdpa_future"] and caps["kernels"] == 5
 

@@ -26,7 +26,8 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 def test_runtime_imports_without_cutlass_or_torch():
     r = run("""
-import aotc, aotc.runtime, aotc.runtime.combine, aotc.runtime.launch, aotc.runtime.loader, aotc.runtime.driver
+import aotc, aotc.runtime, aotc.runtime.combine, aotc.runtime.kv_write, aotc.runtime.launch, aotc.runtime.loader
+import aotc.runtime.driver, aotc.families.kv_write
 import aotc.storage.bundle, aotc.storage.cache
 aotc.runtime.Runtime([]).capabilities(arch='sm_90a')
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cutlass', 'torch'))

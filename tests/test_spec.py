@@ -24,13 +24,14 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 18 + 30 + 24
+    assert len(s.variants) == 18 + 36 + 32 + 18 + 30 + 24 + 6
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
     hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and not v["layout"].startswith("paged")]
     paged = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and v["layout"].startswith("paged")]
     decode = [v for v in s.variants if v.family == "sdpa_decode"]
+    kv_write = [v for v in s.variants if v.family == "kv_write"]
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
@@ -44,6 +45,8 @@ def test_default_spec_loads():
     # the serving entry point's decode rows: ragged queries over every page size
     assert {(v["kv"], v["head_dim"]) for v in decode if v["layout"] == "ragged"} == {
         (f"paged{p}", d) for p in (16, 32, 64, 128) for d in (64, 128, 256)}
+    assert {v.arch for v in kv_write} == {"sm_90"} and {(v["dtype"], v["head_dim"]) for v in kv_write} == set(
+        itertools.product(("fp16", "bf16"), (64, 128, 256)))
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))

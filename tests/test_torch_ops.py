@@ -97,6 +97,19 @@ class Reference:
                 lse[b].copy_(l)
 
 
+    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="NHD", stream=None):
+        self.calls.append(("kv_write", stream, kv_layout))
+        page = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
+        slots = slot_mapping.long()
+        rows = torch.nonzero((slots >= 0) & (slots < k_cache.shape[0] * page)).flatten()
+        pages, offs = slots[rows] // page, slots[rows] % page
+        for pool, new in ((k_cache, key), (v_cache, value)):
+            if kv_layout == "NHD":
+                pool[pages, offs] = new[rows]
+            else:
+                pool[pages, :, offs] = new[rows]
+
+
 @pytest.fixture
 def ref():
     r = Reference()
@@ -147,6 +160,10 @@ def test_ops_are_registered_with_their_schemas():
     assert written == {"out", "lse", "workspace"}  # the caller's buffers are declared mutated
     assert {a.name for a in torch.ops.aotc.prefill_out.default._schema.arguments
             if a.alias_info is not None and a.alias_info.is_write} == {"out", "lse"}
+    kv = torch.ops.aotc.kv_write.default._schema
+    assert {a.name for a in kv.arguments if a.alias_info is not None and a.alias_info.is_write} == {"k_cache", "v_cache"}
+    assert [a.name for a in kv.arguments] == ["key", "value", "k_cache", "v_cache", "slot_mapping", "kv_layout"]
+    assert kv.arguments[-1].default_value == "NHD" and not kv.returns
 
 
 # ---- fake implementations --------------------------------------------------------------------------
@@ -168,6 +185,33 @@ def test_fake_shapes_under_fake_tensor_mode():
         out, lse = aotc_torch.decode(qd, kc, kc, torch.empty(4, dtype=torch.int32),
                                      torch.empty(4, 16, dtype=torch.int32))
         assert (out.shape, out.dtype, lse.shape, lse.dtype) == (qd.shape, torch.float16, (4, 8, 2), torch.float32)
+
+
+def kv_problem(layout="NHD", tokens=9, rows=None, h_kv=2, d=64, page=16, pages=4, dtype=torch.float16, seed=3):
+    """key/value [rows, H_kv, D] as slices of a fused qkv, NaN-poisoned pools, shuffled slots with a -1 and
+    an out-of-range one among them."""
+    g = torch.Generator().manual_seed(seed)
+    rows = tokens if rows is None else rows
+    qkv = torch.randn(rows, 4 + 2 * h_kv, d, generator=g).to(dtype)
+    key, value = qkv[:, 4:4 + h_kv], qkv[:, 4 + h_kv:]
+    shape = (pages, page, h_kv, d) if layout == "NHD" else (pages, h_kv, page, d)
+    k_cache, v_cache = torch.full(shape, math.nan, dtype=dtype), torch.full(shape, math.nan, dtype=dtype)
+    slots = torch.randperm(pages * page, generator=g)[:tokens]
+    if tokens >= 3:
+        slots[1], slots[-1] = -1, pages * page + 5
+    return key, value, k_cache, v_cache, slots.to(torch.int64)
+
+
+def test_fake_kv_write_under_fake_tensor_mode_and_meta():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        key = torch.empty(5, 2, 128, dtype=torch.bfloat16)
+        pool = torch.empty(8, 16, 2, 128, dtype=torch.bfloat16)
+        assert aotc_torch.kv_write(key, key, pool, pool.clone(), torch.empty(5, dtype=torch.int64)) is None
+    key = torch.empty(5, 2, 128, device="meta", dtype=torch.float16)
+    pool = torch.empty(8, 2, 16, 128, device="meta", dtype=torch.float16)
+    assert torch.ops.aotc.kv_write(key, key, pool, pool, torch.empty(5, device="meta", dtype=torch.int64), "HND") is None
 
 
 def test_fake_implementations_on_meta_tensors():
@@ -200,6 +244,34 @@ def test_opcheck_decode(ref, layout):
     torch.library.opcheck(torch.ops.aotc.decode.default, (q, k, v, seqlens, pt, ws, layout, 2, None))
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1)
     torch.library.opcheck(torch.ops.aotc.decode_out.default, (q, k, v, seqlens, pt, out, lse, ws, layout, 2, None))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_opcheck_kv_write(ref, layout):
+    key, value, k_cache, v_cache, slots = kv_problem(layout)
+    k_cache, v_cache = k_cache.zero_(), v_cache.zero_()  # opcheck compares outputs: no NaN
+    torch.library.opcheck(torch.ops.aotc.kv_write.default, (key, value, k_cache, v_cache, slots, layout))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_kv_write_op_writes_exactly_the_slots(ref, layout):
+    key, value, k_cache, v_cache, slots = kv_problem(layout, tokens=9, rows=12)
+    aotc_torch.kv_write(key, value, k_cache, v_cache, slots, kv_layout=layout)
+    assert ref.calls[-1] == ("kv_write", None, layout)
+    page, n_slots = 16, k_cache.shape[0] * 16
+    written = torch.zeros(n_slots, dtype=torch.bool)
+    for i, slot in enumerate(slots.tolist()):
+        if not 0 <= slot < n_slots:
+            continue  # -1 and past the pools: skipped
+        written[slot] = True
+        p, o = divmod(slot, page)
+        for pool, new in ((k_cache, key), (v_cache, value)):
+            got = pool[p, o] if layout == "NHD" else pool[p, :, o]
+            assert torch.equal(got.view(torch.int16), new[i].view(torch.int16))
+    for pool in (k_cache, v_cache):
+        per_slot = pool.transpose(1, 2) if layout == "HND" else pool
+        assert torch.isnan(per_slot.reshape(n_slots, -1)[~written]).all(), "a byte outside the slots was written"
+    assert int(written.sum()) == 7  # 9 tokens, one -1 and one past the pools; rows 9..11 never read
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -255,6 +327,9 @@ def test_ops_compute_what_the_runtime_computes(ref):
 # ---- torch.compile -----------------------------------------------------------------------------------
 def _attention_block(q, k, v, kc, vc, seqlens, pt):
     out, lse = torch.ops.aotc.prefill(q, k, v, True, None)
+    kv_new = k[:, -1].contiguous()  # the last token of each sequence, written at slot 16 * b + 3
+    slots = torch.arange(kv_new.shape[0], dtype=torch.int64) * 16 + 3
+    torch.ops.aotc.kv_write(kv_new, kv_new, kc, vc, slots, "NHD")
     dec, dlse = aotc_torch.decode(q[:, -1:], kc, vc, seqlens, pt)
     return out * 2 + 1, lse.exp().sum(-1), dec.sum(), dlse
 
@@ -298,6 +373,7 @@ def test_graph_has_the_custom_ops_and_no_breaks(ref):
     assert counter.frame_count == 1
     targets = {str(n.target) for gm in counter.graphs for n in gm.graph.nodes if n.op == "call_function"}
     assert {"aotc.prefill", "aotc.decode"} <= {t.removesuffix(".default") for t in targets}, targets
+    assert "aotc.kv_write" in targets, targets  # the in-place op traced into the graph, no break
 
 
 # ---- the module-level runtime ------------------------------------------------------------------------

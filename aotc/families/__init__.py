@@ -70,7 +70,7 @@ class Family:
 
 _FAMILIES: dict[str, Family] = {}
 # the modules of this package that describe a family (each registers itself, under its module's name)
-_MODULES = ("sdpa_combine", "sdpa_decode", "sdpa_prefill", "sdpa_prefill_sm90")
+_MODULES = ("kv_write", "sdpa_combine", "sdpa_decode", "sdpa_prefill", "sdpa_prefill_sm90")
 
 
 def register(family: Family) -> Family:

@@ -291,6 +291,21 @@ class Runtime:
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
                   decode_query_len=decode_query_len, stream=stream)
 
+    def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
+        """Validate once for these pools and key/value/slot layouts; returns a KvWritePlan (see
+        aotc.runtime.kv_write) whose calls take any token count."""
+        from .kv_write import KvWritePlan
+
+        return KvWritePlan(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout)
+
+    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD", stream=None) -> None:
+        """Write key/value [tokens, H_kv, D] into the paged pools at slot_mapping's int64 slots (-1 and any
+        slot past the pools skip); the plan for these pools and layouts is prepared once and cached, so a
+        step with another token count reuses it."""
+        from .kv_write import kv_write
+
+        kv_write(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=stream)
+
     MAX_PLANS = 1024
 
     def remember_plan(self, key, plan) -> None:

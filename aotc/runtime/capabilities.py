@@ -26,11 +26,14 @@ SCHEMA_VERSION = 1
 class Route:
     """Kernels of `family` whose variant passes `where` serve an entry point. `fixed`: (field, value)
     pairs that hold for every such kernel without being a variant field (sdpa_decode is always causal
-    within the new tokens), reported as if they were fields."""
+    within the new tokens), reported as if they were fields. summarized=False: a route that speeds up
+    part of the entry point's work (attention's decode rows) without deciding what it serves: listed in
+    served_by, left out of the entry point's summary."""
 
     family: str
     where: Callable[[Any], bool] = lambda variant: True
     fixed: tuple[tuple[str, Any], ...] = ()
+    summarized: bool = True
 
 
 def _layout(test: Callable[[str], bool]) -> Callable[[Any], bool]:
@@ -38,15 +41,17 @@ def _layout(test: Callable[[str], bool]) -> Callable[[Any], bool]:
 
 
 # entry point (the Runtime method an engine calls) -> the routes that serve it, in dispatch's order of
-# preference (prefill's family="auto" tries the Hopper family first). kv_write and attention (paged
-# varlen, the Hopper family's "paged<N>" layouts) are answered as soon as a bundle holds such kernels.
+# preference (prefill's family="auto" tries the Hopper family first). attention: the Hopper family's
+# "paged<N>" layouts, and sdpa_decode's ragged layout for its decode rows (Runtime.attention runs them
+# when loaded, and the paged kernel alone otherwise).
 ENTRY_POINTS: dict[str, tuple[Route, ...]] = {
     "prefill": (Route("sdpa_prefill_sm90", _layout(lambda s: s == "dense")),
                 Route("sdpa_prefill", _layout(lambda s: s == "dense"))),
     "prefill_ragged": (Route("sdpa_prefill_sm90", _layout(lambda s: s == "ragged")),
                        Route("sdpa_prefill", _layout(lambda s: s == "ragged"))),
-    "attention": (Route("sdpa_prefill_sm90", _layout(lambda s: s.startswith("paged"))),),
-    "decode": (Route("sdpa_decode", fixed=(("causal", True),)),),
+    "attention": (Route("sdpa_prefill_sm90", _layout(lambda s: s.startswith("paged"))),
+                  Route("sdpa_decode", _layout(lambda s: s == "ragged"), fixed=(("causal", True),), summarized=False)),
+    "decode": (Route("sdpa_decode", _layout(lambda s: s in ("", "dense")), fixed=(("causal", True),)),),
     "kv_write": (Route("kv_write"),),
     "combine": (Route("sdpa_combine"),),
 }
@@ -100,7 +105,7 @@ def capabilities(runtime, device: int | None = None, arch: str | None = None) ->
                 if ks:
                     groups.append((route, a, ks))
         served = [{"family": r.family, "arch": a, **_summary([(k, r.fixed) for k in ks])} for r, a, ks in groups]
-        pairs = [(k, r.fixed) for r, _, ks in groups for k in ks]
+        pairs = [(k, r.fixed) for r, _, ks in groups if r.summarized for k in ks]
         entry_points[name] = {"supported": bool(pairs), **_summary(pairs), "served_by": served}
     return {
         "schema_version": SCHEMA_VERSION,

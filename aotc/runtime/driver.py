@@ -344,6 +344,11 @@ class Launcher:
         self._args = (byref(self._config), c_void_p(kernel_handle), c_void_p(params_addr), None)
         self._stream = 0
 
+    def set_grid_x(self, x: int) -> None:
+        """grid.x of the following launches (a family whose grid follows a per-call extent: kv_write's
+        token count); launches already enqueued or captured keep theirs (the driver copies the config)."""
+        self._config.grid_x = x
+
     def __call__(self, stream: int) -> None:
         if stream != self._stream:
             self._config.stream = stream

@@ -106,6 +106,36 @@ def no_overlap(outputs: dict[str, TensorArg], others: dict[str, TensorArg]) -> N
                                     f"memory not overlapping {name} (bytes [{tlo:#x}, {thi:#x}))")
 
 
+def outputs_apart(a: TensorArg, a_name: str, b: TensorArg, b_name: str) -> None:
+    """Two outputs share no byte. Two of one shape, strides and dtype whose hulls meet (K and V pools
+    interleaved in one buffer: kv[:, 0] and kv[:, 1] of [pages, 2, page_size, H, D]) are compared element by
+    element: b's offset from a must not be a difference of two of a's element offsets, decided dimension by
+    dimension for layouts that nest (each must have passed no_self_overlap). Any other pair whose hulls meet
+    is refused."""
+    lo, hi = a.nbytes_span()
+    blo, bhi = b.nbytes_span()
+    if lo == hi or blo == bhi or hi <= blo or bhi <= lo:
+        return
+    if (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype):
+        dims = sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1)
+        step, size = divmod(a.ptr - b.ptr, a.itemsize)  # b.ptr + i * itemsize overlaps a.ptr + j * itemsize
+        if not any(_reachable(e, dims) for e in ((step, step + 1) if size else (step,))):
+            return
+    raise ArgumentError(b_name, f"bytes [{blo:#x}, {bhi:#x})",
+                        f"memory not overlapping {a_name} (bytes [{lo:#x}, {hi:#x}))")
+
+
+def _reachable(target: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether target = sum of c * stride over dims (stride, extent) with |c| < extent; dims sorted by stride,
+    each stride above the reach of the ones before it (so at most two c per dimension can work)."""
+    if not dims:
+        return target == 0
+    *rest, (stride, n) = dims
+    reach = sum(st * (m - 1) for st, m in rest)
+    first, last = max(1 - n, -((reach - target) // stride)), min(n - 1, (target + reach) // stride)
+    return any(_reachable(target - c * stride, rest) for c in range(first, last + 1))
+
+
 def lse_output(ls: TensorArg, dims: tuple[tuple[str, int], ...], why: str, name: str = "lse") -> None:
     """The optional LSE output of every family: fp32, the given (axis name, extent) dims, 4-byte aligned,
     one address per element."""

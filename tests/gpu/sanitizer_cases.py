@@ -109,6 +109,27 @@ def decode_cases():
             launches += 1  # split sequences merge in the same launch
 
 
+def kv_write_cases():
+    """Token counts around a CTA's tokens, both pool layouts, slots the kernel must skip (-1, num_slots,
+    past it, negative): an access past a pool or an input is past its allocation."""
+    global launches
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("kv_write", [])})
+    for dtype, D in variants if mode == "all" else variants[:1]:
+        t = torch.float16 if dtype == "fp16" else torch.bfloat16
+        for layout in ("NHD", "HND"):
+            for page in (16, 128) if mode == "all" else (16,):
+                for tokens in (1, 31, 33, 100):
+                    pages = -(-tokens // page) + 1
+                    shape = (pages, page, 2, D) if layout == "NHD" else (pages, 2, page, D)
+                    kc, vc = torch.empty(shape, device="cuda", dtype=t), torch.empty(shape, device="cuda", dtype=t)
+                    key, value = (torch.randn(tokens, 2, D, device="cuda", dtype=t) for _ in range(2))
+                    slots = torch.randperm(pages * page, device="cuda")[:tokens]
+                    bad = torch.tensor([-1, pages * page, pages * page + 1, -5], device="cuda")
+                    slots[::3] = bad.repeat(tokens)[: slots[::3].numel()]
+                    rt.kv_write(key, value, kc, vc, slots.to(torch.int64), kv_layout=layout)
+                    launches += 1
+
+
 if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
@@ -120,5 +141,6 @@ else:
     if mode == "all":
         prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"))
     decode_cases()
+    kv_write_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")
