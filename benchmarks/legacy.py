@@ -39,13 +39,35 @@ def _upgraded(art):
     return dataclasses.replace(art, abi=dataclasses.replace(art.abi, params=tuple(want)))
 
 
+def _named_subset(art) -> bool:
+    """The old parameter list is a subset of this aotc's, by name and kind (parameters the family added
+    since, e.g. sdpa_prefill_sm90's paged ones, which its dense and ragged variants take as zeros): plans
+    fill a kernel's parameters by name, so the old cubin launches with its own list."""
+    from aotc.families import get_family
+
+    want = {p.name: p.kind for p in get_family(art.variant.family).params(art.variant)}
+    return all(want.get(p.name) == p.kind for p in art.abi.params)
+
+
 def load_prefill_runtime(path: str):
-    """A Runtime over the old bundle's artifacts whose parameters are this aotc's (ABI upgraded)."""
+    """A Runtime over the old bundle's prefill/combine artifacts: those whose parameters are this aotc's
+    (ABI upgraded), and those whose parameters are a named subset of them (launched with their own list)."""
     from aotc.runtime import Runtime
     from aotc.storage.bundle import read_bundle
 
-    arts = [a for a in (_upgraded(x) for x in read_bundle(path, other_sources=True).artifacts) if a is not None]
-    return Runtime(arts, [path])
+    class OldListRuntime(Runtime):
+        def _fits(self, k) -> bool:  # the header is checked (k.artifact); the parameter list is the cubin's own
+            k.artifact
+            return True
+
+    arts = []
+    for a in read_bundle(path, other_sources=True).artifacts:
+        if a.variant.family not in ("sdpa_prefill", "sdpa_prefill_sm90", "sdpa_combine"):
+            continue
+        up = _upgraded(a)
+        if up is not None or _named_subset(a):
+            arts.append(up or a)
+    return OldListRuntime(arts, [path])
 
 
 def legacy_decode_kernels(path: str) -> dict:
