@@ -1,12 +1,16 @@
 """Property-based hostile arguments against the runtime's validation layer (no GPU, no launch).
 
-Generated argument sets for sdpa_combine, sdpa_prefill (dense and ragged) and sdpa_decode (paged NHD/HND
-pools or dense K/V) start valid and get zero or more perturbations (dtype, ndim, shapes, strides,
-alignment, device, overlapping or self-overlapping outputs, extents beyond int32 and the grid, head dims
-not covered, H_q not a multiple of H_kv, bad cu_seqlens and max_seqlen; for decode also misaligned
-int32 lengths, page tables, empty pools, page sizes not served, kv_layout strings, S_q out of range,
-overlapping output rows, B at the grid limit, ...). An oracle written here, independently of
-aotc.runtime.validate, lists every rule a case breaks and the arguments each broken rule involves.
+Generated argument sets for sdpa_combine, sdpa_prefill (dense and ragged), sdpa_decode (paged NHD/HND
+pools or dense K/V) and the attention entry point (ragged q over paged NHD/HND pools, check_attention)
+start valid and get zero or more perturbations (dtype, ndim, shapes, strides, alignment, device,
+overlapping or self-overlapping outputs, extents beyond int32 and the grid, head dims not covered, H_q
+not a multiple of H_kv, bad cu_seqlens and max_seqlen; for decode also misaligned int32 lengths, page
+tables, empty pools, page sizes not served, kv_layout strings, S_q out of range, overlapping output rows,
+B at the grid limit, ...; for attention also cu_seqlens_q of another length, rank or layout, H_q / H_kv
+not dividing 64 (0 included), B, total_q, total_q * H_q / H_kv and max_pages * page_size at and past
+int32, strides no multiple of 8, element-aligned pointers that are not 16-byte aligned). An oracle
+written here, independently of aotc.runtime.validate, lists every rule a case breaks and the arguments
+each broken rule involves.
 The property:
 
 * the oracle finds nothing  -> the check passes;
@@ -21,7 +25,7 @@ ArgumentError / ArgumentTypeError, never anything else.
 
 Hypothesis draws the structure of each case (extents, dtypes, which perturbations); the many small
 details (stride orders and padding, placement, perturbation parameters) come from a Random that
-hypothesis seeds (``st.randoms(use_true_random=True)``), which keeps ~12,000 derandomized examples at
+hypothesis seeds (``st.randoms(use_true_random=True)``), which keeps ~14,500 derandomized examples at
 about a millisecond each.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ from hypothesis import strategies as st
 
 from aotc.common.errors import ArgumentError
 from aotc.runtime import validate as V
+from aotc.runtime.attention import check_attention
 from aotc.runtime.combine import CombinePlan
 from aotc.runtime.decode import check_decode
 from aotc.runtime.prefill import check_prefill
@@ -46,6 +51,7 @@ GRID_YZ = 65535
 COMBINE_HEADS = frozenset({64, 128, 256})
 PREFILL_HEADS = frozenset({64, 128})
 DECODE_HEADS = frozenset({64, 128})  # 256 stands for a decode head dim no loaded kernel covers
+ATTENTION_PAGES = frozenset({16, 32, 128})  # 64 stands for a page size no loaded kernel serves
 ALL_DTYPES = sorted(DTYPES)
 OK_DEVICES = (("cuda", 0), ("cuda", -1))
 OUTPUTS = ("out", "lse")  # the arguments an overlap is blamed on
@@ -54,12 +60,14 @@ N_COMBINE = 2500
 N_DENSE = 1500
 N_RAGGED = 1500
 N_DECODE = 3000
+N_ATTENTION = 2500
 N_AS_TENSOR = 2000
 N_TENSOR = 1000
 N_STREAM = 500
-TOTAL_EXAMPLES = N_COMBINE + N_DENSE + N_RAGGED + N_DECODE + N_AS_TENSOR + N_TENSOR + N_STREAM
+TOTAL_EXAMPLES = N_COMBINE + N_DENSE + N_RAGGED + N_DECODE + N_ATTENTION + N_AS_TENSOR + N_TENSOR + N_STREAM
 
-OUTCOMES: dict[str, dict[str, int]] = {"combine": {}, "prefill dense": {}, "prefill ragged": {}, "decode": {}}
+OUTCOMES: dict[str, dict[str, int]] = {"combine": {}, "prefill dense": {}, "prefill ragged": {}, "decode": {},
+                                       "attention": {}}
 
 
 def fuzz(n: int):
@@ -69,13 +77,19 @@ def fuzz(n: int):
 
 
 class StubRuntime:
-    """What the checks ask of a Runtime: the head dims its loaded kernels cover (no Hopper prefill
-    kernels here: prefill takes the union of both prefill families' head dims)."""
+    """What the checks ask of a Runtime: the head dims its loaded kernels cover (the Hopper prefill
+    family's are the portable one's: prefill takes their union), and the Hopper family's layouts
+    (attention serves the page sizes of its pagedP kernels; None: a kernel of a bundle that records no
+    layout)."""
 
     def field_values(self, family, field, device):
-        assert field == "head_dim" and device == 0
+        assert device == 0
+        if field == "layout":
+            assert family == "sdpa_prefill_sm90"
+            return {"dense", "ragged", None} | {f"paged{p}" for p in ATTENTION_PAGES}
+        assert field == "head_dim"
         return set({"sdpa_combine": COMBINE_HEADS, "sdpa_prefill": PREFILL_HEADS,
-                    "sdpa_prefill_sm90": frozenset(), "sdpa_decode": DECODE_HEADS}[family])
+                    "sdpa_prefill_sm90": PREFILL_HEADS, "sdpa_decode": DECODE_HEADS}[family])
 
 
 STUB = StubRuntime()
@@ -166,13 +180,17 @@ def place(r: R, tensors: dict[str, T], align: dict[str, int]) -> None:
 class Case:
     """A generated argument set, and what its perturbations touched."""
 
-    def __init__(self, r: R, tensors: dict[str, T | None], dtype_links: dict, shape_links: dict):
+    def __init__(self, r: R, tensors: dict[str, T | None], dtype_links: dict, shape_links: dict,
+                 derived: dict | None = None):
         self.r = r
         self.t = tensors
         self.touched: set[str] = set()
         self.applied: list[str] = []
         # who else a check may blame when a tensor's dtype or shape changes (it is compared with them)
         self.dtype_links, self.shape_links = dtype_links, shape_links
+        # the quantities a check computes from an argument and names on their own (attention's H_q / H_kv
+        # from q's and the pool's heads): touching the argument touches them
+        self.derived = derived or {}
         self.ragged = False
         self.max_q = self.max_kv = None
 
@@ -182,6 +200,8 @@ class Case:
     def touch(self, what: str, *names: str) -> None:
         self.applied.append(what)
         self.touched.update(names)
+        for n in names:
+            self.touched.update(self.derived.get(n, ()))
 
     def __repr__(self) -> str:
         return f"Case({self.applied})"
@@ -212,6 +232,10 @@ def check_property(case: Case, breaches: list[set[str]], call, key: str) -> None
     OUTCOMES[key][got] = OUTCOMES[key].get(got, 0) + 1
 
 
+def records(case: Case) -> dict[str, TensorArg | None]:
+    return {n: (None if x is None else x.record()) for n, x in case.t.items()}
+
+
 def self_overlapping(t: T) -> bool:
     """The output rule of every family: a layout that does not nest (see nested()) may put two elements at
     one address (a zero stride, two dims with one |stride|, rows that overlap), so it is refused."""
@@ -232,6 +256,32 @@ def overlap_breaches(outputs: dict[str, T | None], inputs: dict[str, T | None]) 
             if s is not None and s[0] < so[1] and so[0] < s[1]:
                 out.append({oname, name})
     return out
+
+
+def device_breaches(t: dict[str, T | None]) -> list[set[str]]:
+    return [{name} for name, x in t.items() if x is not None and x.device not in OK_DEVICES]
+
+
+def operand_breaches(operands: dict[str, T]) -> list[set[str]]:
+    """The rules of attention's q, k, v and out (TMA or 128-bit accesses): the head dim (last) contiguous,
+    16-byte aligned, every other stride a multiple of 8 elements (dims of extent 1 excepted)."""
+    bad = []
+    for n, x in operands.items():
+        if x.shape[-1] > 1 and x.strides[-1] != 1:
+            bad.append({n})
+        if x.ptr % 16:
+            bad.append({n})
+        if any(e > 1 and s % 8 for e, s in zip(x.shape[:-1], x.strides[:-1])):
+            bad.append({n})
+    return bad
+
+
+def unknown_ordinals(r: R, t: dict[str, T | None]) -> None:
+    """Now and then some tensors come from __cuda_array_interface__ producers: ordinal unknown, accepted."""
+    if r.coin(0.1):
+        for x in t.values():
+            if x is not None and r.coin():
+                x.device = ("cuda", -1)
 
 
 # ---------------------------------------------------------------------------- perturbations (shared)
@@ -384,10 +434,7 @@ def combine_cases(draw):
             t[n].strides = layout(r, t[n].shape, unit_last=False, multiple=1, negative=True, zero=False)
     place(r, {n: x for n, x in t.items() if x is not None},
           {"o_partial": 16, "lse_partial": 4, "out": r.pick((DTYPES[out_dtype], 16)), "lse": 4})
-    if r.coin(0.1):  # __cuda_array_interface__ producers: ordinal unknown, accepted
-        for x in t.values():
-            if x is not None and r.coin():
-                x.device = ("cuda", -1)
+    unknown_ordinals(r, t)
     case = Case(r, t, {}, {"o_partial": ("lse_partial", "out", "lse", "B * S_q * H")})
     assert not combine_oracle(case), ("the generator made an invalid base case", combine_oracle(case))
     for p in perturbations:
@@ -422,9 +469,7 @@ def combine_oracle(case: Case) -> list[set[str]]:
             bad.append({"o_partial"})
         if any(n > 1 and s % 4 for n, s in zip(op.shape[:4], op.strides[:4])):
             bad.append({"o_partial"})
-    for name, x in t.items():
-        if x is not None and x.device not in OK_DEVICES:
-            bad.append({name})
+    bad += device_breaches(t)
     for name, x, a in (("o_partial", op, 16), ("lse_partial", lp, 4), ("out", o, DTYPES[o.dtype]), ("lse", ls, 4)):
         if x is not None and x.ptr % a:
             bad.append({name})
@@ -435,7 +480,7 @@ def combine_oracle(case: Case) -> list[set[str]]:
 @fuzz(N_COMBINE)
 @given(combine_cases())
 def test_combine_validation_property(case):
-    rec = {n: (None if x is None else x.record()) for n, x in case.t.items()}
+    rec = records(case)
     check_property(case, combine_oracle(case), lambda: CombinePlan._check(
         STUB, rec["o_partial"], rec["lse_partial"], rec["out"], rec["lse"], 0), "combine")
 
@@ -566,10 +611,7 @@ def prefill_cases(draw, ragged: bool):
         t["cu_seqlens_kv"] = T((B + 1,), (1,), "int32")
     place(r, {n: x for n, x in t.items() if x is not None},
           {"q": 16, "k": 16, "v": 16, "out": 16, "lse": 4, "cu_seqlens_q": 4, "cu_seqlens_kv": 4})
-    if r.coin(0.1):
-        for x in t.values():
-            if x is not None and r.coin():
-                x.device = ("cuda", -1)
+    unknown_ordinals(r, t)
     case = Case(r, t, {"q": ("k", "v", "out")}, {
         "q": ("k", "v", "out", "lse", "B", "S_q", "H_q", "max_seqlen_q"), "k": ("v", "max_seqlen_kv", "S_kv"),
         "cu_seqlens_q": ("cu_seqlens_kv",)})
@@ -644,26 +686,15 @@ def prefill_oracle(case: Case) -> list[set[str]]:
             bad.append({"H_q"})
         if B > GRID_YZ:
             bad.append({"B"})
-    for name, x in t.items():
-        if x is not None and x.device not in OK_DEVICES:
-            bad.append({name})
-    for n in QKV:
-        x = t[n]
-        if not x.shape:
-            continue
-        if x.shape[-1] > 1 and x.strides[-1] != 1:
-            bad.append({n})
-        if x.ptr % 16:
-            bad.append({n})
-        if any(e > 1 and s % 8 for e, s in zip(x.shape[:-1], x.strides[:-1])):
-            bad.append({n})
+    bad += device_breaches(t)
+    bad += operand_breaches({n: t[n] for n in QKV if t[n].shape})
     inputs = {"q": q, "k": k, "v": v, "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk}
     bad += overlap_breaches({"out": o, "lse": ls}, inputs)
     return bad
 
 
 def run_prefill(case: Case, key: str) -> None:
-    rec = {n: (None if x is None else x.record()) for n, x in case.t.items()}
+    rec = records(case)
     check_property(case, prefill_oracle(case), lambda: check_prefill(
         STUB, 0, {n: rec[n] for n in QKV}, rec["lse"], case.ragged, rec.get("cu_seqlens_q"),
         rec.get("cu_seqlens_kv"), case.max_q, case.max_kv), key)
@@ -705,6 +736,15 @@ def nested(t: T) -> bool:
     return True
 
 
+def paged_breaches(t: dict[str, T | None], lse_rank: int, operands: list[str], inputs: tuple[str, ...]):
+    """The rules decode and attention state alike: lse fp32 of its rank and 4-byte aligned, every tensor on
+    the device, the operand rules (of the operands of the right rank), outputs overlapping nothing."""
+    ls = t["lse"]
+    bad = [{"lse"}] if ls is not None and (ls.dtype != "fp32" or len(ls.shape) != lse_rank or ls.ptr % 4) else []
+    return (bad + device_breaches(t) + operand_breaches({n: t[n] for n in operands})
+            + overlap_breaches({"out": t["out"], "lse": ls}, {n: t[n] for n in inputs}))
+
+
 def decode_capacity(case: Case) -> int:
     """The KV length the current page table (or dense K) holds, for perturbations that pick max_seqlen_kv."""
     k, pt = case.t["k_cache"], case.t["page_table"]
@@ -739,48 +779,67 @@ def d_kv_head_dim(case: Case):
     case.touch(f"kv head_dim={d}", "k_cache", *OUTPUTS)
 
 
-def d_seqlens(case: Case):
-    """seqlens_kv of another dtype, rank, stride or length, or at a pointer +1..3 bytes (misaligned int32)."""
-    r, sl = case.r, case.t["seqlens_kv"]
-    how = r.pick(("dtype", "ndim", "stride", "pointer", "pointer", "length"))
+def break_lengths(r: R, c: T, how: str, lengths: tuple[int, ...] = ()) -> None:
+    """An int32 vector (seqlens_kv, cu_seqlens_q) of another dtype, rank, stride or length (one of
+    `lengths`, one more or less, or any), or at a pointer +1..3 bytes (misaligned int32)."""
     if how == "dtype":
-        sl.dtype = r.pick(("int64", "uint8", "fp32", "int8", "fp16"))
+        c.dtype = r.pick(("int64", "uint8", "fp32", "int8", "fp16"))
     elif how == "ndim":
-        n = sl.shape[0] if sl.shape else 1
-        sl.shape, sl.strides = r.pick(([[1, n], [n, 1]], [[n, 1], [1, 1]], [[], []]))
-    elif how == "stride" and sl.shape:
-        sl.strides[0] = r.pick((0, 2, -1))
+        n = c.shape[0] if c.shape else 1
+        c.shape, c.strides = r.pick(([[1, n], [n, 1]], [[n, 1], [1, 1]], [[], []]))
+    elif how == "stride" and c.shape:
+        c.strides[0] = r.pick((0, 2, -1))
     elif how == "pointer":
-        sl.ptr += r.int(1, 3)
-    elif sl.shape:
-        sl.shape[0] = r.pick((sl.shape[0] + 1, max(sl.shape[0] - 1, 0), r.int(0, 6)))
+        c.ptr += r.int(1, 3)
+    elif c.shape:
+        c.shape[0] = r.pick(lengths + (c.shape[0] + 1, max(c.shape[0] - 1, 0), r.int(0, 6)))
+
+
+def d_seqlens(case: Case):
+    how = case.r.pick(("dtype", "ndim", "stride", "pointer", "pointer", "length"))
+    break_lengths(case.r, case.t["seqlens_kv"], how)
     case.touch(f"seqlens_kv {how}", "seqlens_kv", *OUTPUTS)
 
 
+PAGE_TABLE_BREAKS = ("dtype", "ndim", "rows", "width", "pointer", "strides", "strides")
+
+
+def break_page_table(r: R, pt: T, how: str) -> None:
+    """A bad dtype, rank, row count, width or pointer (misaligned), or odd strides (valid)."""
+    if how == "dtype":
+        pt.dtype = r.pick(("int64", "uint8", "fp32", "int8"))
+    elif how == "ndim":
+        pt.shape, pt.strides = r.pick(([pt.shape[:1], [1]], [pt.shape + [1], pt.strides + [1]]))
+    elif how == "rows" and pt.shape:  # (an earlier perturbation may have taken dims away)
+        pt.shape[0] = r.pick((pt.shape[0] + 1, r.int(0, 5)))
+    elif how == "width" and len(pt.shape) > 1:
+        pt.shape[1] = r.int(0, 6)
+    elif how == "pointer":
+        pt.ptr += r.int(1, 3)
+    elif how == "strides":
+        pt.strides = [r.pick((0, 1, -1, r.int(-9, 9), 2**16 + 3, -(2**16))) for _ in pt.shape]
+
+
+def page_table_strides(r: R, pt: T) -> list[int]:
+    """Any strides (the table is read by index): a layout, or junk including 0 and negatives."""
+    return (layout(r, pt.shape, unit_last=False, multiple=1, negative=True, zero=True) if r.coin(0.7)
+            else [r.pick((0, 1, -1, 2**16 + 3, -(2**16))) for _ in pt.shape])
+
+
 def d_page_table(case: Case):
-    """A bad page table (dtype, rank, rows, width, misaligned), odd strides (valid), or none for a paged
-    pool and one for dense K/V (the pool is then read the other way)."""
+    """A bad page table (see break_page_table), or none for a paged pool and one for dense K/V (the pool
+    is then read the other way)."""
     r, pt = case.r, case.t["page_table"]
     if pt is None:
         B = case.t["q"].shape[0] if case.t["q"].shape else 1
         case.t["page_table"] = T((B, r.int(0, 3)), (r.int(1, 4), 1), "int32", far_pointer(case, 4))
         case.touch("page_table added", "page_table", "k_cache", "H_kv", *OUTPUTS)
         return
-    how = r.pick(("dtype", "ndim", "rows", "width", "pointer", "strides", "strides", "drop"))
-    if how == "dtype":
-        pt.dtype = r.pick(("int64", "uint8", "fp32", "int8"))
-    elif how == "ndim":
-        pt.shape, pt.strides = r.pick(([pt.shape[:1], [1]], [pt.shape + [1], pt.strides + [1]]))
-    elif how == "rows":
-        pt.shape[0] = r.pick((pt.shape[0] + 1, r.int(0, 5)))
-    elif how == "width":
-        pt.shape[1] = r.int(0, 6)
-    elif how == "pointer":
-        pt.ptr += r.int(1, 3)
-    elif how == "strides":
-        pt.strides = [r.pick((0, 1, -1, r.int(-9, 9), 2**16 + 3, -(2**16))) for _ in pt.shape]
-    else:
+    how = r.pick(PAGE_TABLE_BREAKS + ("drop",))
+    if how == "drop":
         case.t["page_table"] = None
+    else:
+        break_page_table(r, pt, how)
     case.touch(f"page_table {how}", "page_table", "k_cache", "H_kv", *OUTPUTS)
 
 
@@ -848,16 +907,20 @@ def d_alias(case: Case):
 
 
 def d_out_rows(case: Case):
-    """An output stride that makes rows overlap: out's B, S or H stride 0 or below the head dim (head
-    stride 8 with D = 128), or lse strides such as (0, 0, 1)."""
+    """An output stride that makes rows overlap: one of out's strides but the head dim's 0 or below the
+    head dim (head stride 8 with D = 128), or lse strides such as (0, 0, 1) or (1, 1)."""
     r = case.r
     ls = case.t["lse"]
-    if ls is not None and len(ls.shape) == 3 and r.coin(0.4):
-        ls.strides = list(r.pick(((0, 0, 1), (1, 1, 1), (0, 1, 0), (1, 2, 1), (ls.shape[2], 1, 1))))
+    if ls is not None and len(ls.shape) in (2, 3) and r.coin(0.4):
+        if len(ls.shape) == 3:
+            choices = ((0, 0, 1), (1, 1, 1), (0, 1, 0), (1, 2, 1), (ls.shape[2], 1, 1))
+        else:
+            choices = ((0, 1), (1, 1), (1, 0), (max(ls.shape[1] - 1, 0), 1), (1, max(ls.shape[0] - 1, 0)))
+        ls.strides = list(r.pick(choices))
         case.touch(f"lse strides {ls.strides}", "lse", *OUTPUTS)
         return
     o = case.t["out"]
-    axes = [a for a in range(min(3, len(o.shape))) if o.shape[a] > 1] or list(range(min(3, len(o.shape))))
+    axes = [a for a in range(len(o.shape) - 1) if o.shape[a] > 1] or list(range(len(o.shape) - 1))
     if not axes or not o.shape:
         return
     a = r.pick(axes)
@@ -909,17 +972,12 @@ def decode_cases(draw):
     for n in QKVO:  # K and V are separate pools with their own strides; inputs may broadcast
         t[n].strides = layout(r, t[n].shape, unit_last=True, multiple=8, negative=True, zero=(n != "out"))
     if page:
-        pt = t["page_table"]
-        pt.strides = (layout(r, pt.shape, unit_last=False, multiple=1, negative=True, zero=True) if r.coin(0.7)
-                      else [r.pick((0, 1, -1, 2**16 + 3, -(2**16))) for _ in pt.shape])
+        t["page_table"].strides = page_table_strides(r, t["page_table"])
     if with_lse:
         t["lse"].strides = layout(r, t["lse"].shape, unit_last=False, multiple=1, negative=True, zero=False)
     place(r, {n: x for n, x in t.items() if x is not None},
           {"q": 16, "k_cache": 16, "v_cache": 16, "out": 16, "lse": 4, "seqlens_kv": 4, "page_table": 4})
-    if r.coin(0.1):
-        for x in t.values():
-            if x is not None and r.coin():
-                x.device = ("cuda", -1)
+    unknown_ordinals(r, t)
     case = Case(r, t, {"q": ("k_cache", "v_cache", "out")}, {
         "q": ("out", "k_cache", "v_cache", "seqlens_kv", "page_table", "lse", "B", "H_q"),
         "k_cache": ("v_cache", "page_table", "H_kv")})
@@ -1009,46 +1067,213 @@ def decode_oracle(case: Case) -> list[set[str]]:
                 bad.append({"page_table"})
             if page and m_ok and m is not None and pt.shape[1] * page < m:
                 bad.append({"page_table", "max_seqlen_kv", "k_cache"})
-    if ls is not None and (ls.dtype != "fp32" or len(ls.shape) != 3 or ls.ptr % 4):
-        bad.append({"lse"})
-    for name, x in t.items():
-        if x is not None and x.device not in OK_DEVICES:
-            bad.append({name})
-    for n in QKVO:
-        x = t[n]
-        if not four[n]:
-            continue
-        if x.shape[3] > 1 and x.strides[3] != 1:
-            bad.append({n})
-        if x.ptr % 16:
-            bad.append({n})
-        if any(e > 1 and s % 8 for e, s in zip(x.shape[:3], x.strides[:3])):
-            bad.append({n})
-    outputs = {"out": o, "lse": ls}
-    for name, x in outputs.items():
-        if x is not None and span(x) is not None and not nested(x):
-            bad.append({name})
-    every = {**{n: t[n] for n in DECODE_INPUTS}, **outputs}
-    for oname, x in outputs.items():
-        so = None if x is None else span(x)
-        for name, y in every.items():
-            sy = None if y is None or name == oname or so is None else span(y)
-            if sy is not None and sy[0] < so[1] and so[0] < sy[1]:
-                bad.append({oname, name})
-    return bad
+    return bad + paged_breaches(t, 3, [n for n in QKVO if four[n]], DECODE_INPUTS)
 
 
 @fuzz(N_DECODE)
 @given(decode_cases())
 def test_decode_validation_property(case):
-    rec = {n: (None if x is None else x.record()) for n, x in case.t.items()}
+    rec = records(case)
     check_property(case, decode_oracle(case), lambda: check_decode(
         STUB, 0, {n: rec[n] for n in QKVO}, rec["seqlens_kv"], rec["page_table"], rec["lse"], case.max_kv,
         case.kv_layout), "decode")
 
 
+# ---------------------------------------------------------------------------- attention (paged, ragged q)
+
+POOLS = ("k_cache", "v_cache")
+ATTENTION_INPUTS = ("q", "k_cache", "v_cache", "cu_seqlens_q", "seqlens_kv", "page_table")
+Q_BOX_ROWS = 64  # the kernel packs a KV head's query heads into 64-row tiles: H_q / H_kv must divide it
+# extents at and past the limits, set before the layouts are made: (what, value)
+ATTENTION_EXTREMES = (("B", INT32_MAX), ("B", 2**31), ("total_q", "at"), ("total_q", "over"), ("max_pages", "at"),
+                      ("max_pages", "over"), ("max_pages", 2**31), ("H_q", 2**31))
+
+
+def int32_vector_ok(c: T) -> bool:
+    """cu_seqlens_q and seqlens_kv: int32, one dimension, contiguous, 4-byte aligned."""
+    return (c.dtype == "int32" and len(c.shape) == 1 and not c.ptr % 4
+            and not (c.shape[0] > 1 and c.strides[0] != 1))
+
+
+def a_cu_seqlens(case: Case):
+    """A bad cu_seqlens_q (see break_lengths): B + 1 = 0, or another B than the lengths' and the page
+    table's, among the lengths."""
+    how = case.r.pick(("dtype", "ndim", "stride", "pointer", "length", "length"))
+    break_lengths(case.r, case.t["cu_seqlens_q"], how, (0,))
+    case.touch(f"cu_seqlens_q {how}", "cu_seqlens_q", *case.shape_links["cu_seqlens_q"], *OUTPUTS)
+
+
+def a_page_table(case: Case):
+    how = case.r.pick(PAGE_TABLE_BREAKS)
+    break_page_table(case.r, case.t["page_table"], how)
+    case.touch(f"page_table {how}", "page_table", *OUTPUTS)
+
+
+def a_group(case: Case):
+    """H_q / H_kv set to a divisor of 64 or not (0 included), in q, out and lse alike."""
+    k, g = case.t["k_cache"], case.r.pick((0, 3, 5, 6, 12, 128, 1, 2, 4, 8, 16, 32, 64))
+    h_kv = k.shape[case.head_ax] if len(k.shape) > case.head_ax else 1
+    for n, ax in (("q", 1), ("out", 1), ("lse", 0)):
+        x = case.t[n]
+        if x is not None and len(x.shape) > ax:
+            x.shape[ax] = h_kv * g
+    case.touch(f"group={g}", "q", "out", "lse", "H_q", "total_q", *OUTPUTS)
+
+
+def a_odd_stride(case: Case):
+    """One stride of q, k_cache, v_cache or out, but the head dim's, grown by 1 to 7 elements: no
+    multiple of 8, and no overlap where there was none (p_stride's values seldom break this rule alone)."""
+    r = case.r
+    name = r.pick(QKVO)
+    x = case.t[name]
+    axes = [a for a in range(len(x.shape) - 1) if x.shape[a] > 1]
+    if not axes:
+        return
+    a = r.pick(axes)
+    x.strides[a] += r.int(1, 7) * (1 if x.strides[a] >= 0 else -1)
+    case.touch(f"stride {name}[{a}]={x.strides[a]}", name, *OUTPUTS)
+
+
+def a_element_aligned(case: Case):
+    """q, k_cache, v_cache or out moved by 2 to 14 bytes: element-aligned, not 16-byte aligned."""
+    name = case.r.pick(QKVO)
+    case.t[name].ptr += 2 * case.r.int(1, 7)
+    case.touch(f"pointer {name}={case.t[name].ptr:#x}", name, *OUTPUTS)
+
+
+ATTENTION_PERTURBATIONS = SHARED + (d_head_dim, d_heads, d_kv_head_dim, d_seqlens, a_page_table, d_kv_layout,
+                                    d_page_size, d_empty_pool, d_alias, d_out_rows, a_cu_seqlens, a_group,
+                                    a_odd_stride, a_element_aligned)
+
+ATTENTION_STRUCTURE = st.tuples(
+    st.sampled_from(["fp16", "bf16"]), st.sampled_from([64, 128, 256]),
+    st.integers(1, 3), st.sampled_from((1, 1, 2, 4, 4, 8, 8, 16, 32, 64)),  # H_kv and H_q / H_kv
+    st.integers(0, 4), st.integers(0, 12),  # B, total_q
+    st.sampled_from(sorted(ATTENTION_PAGES)), st.sampled_from(["NHD", "HND"]), st.booleans(),  # with lse
+    st.sampled_from((None,) * 15 + ATTENTION_EXTREMES),
+    perturbation_lists(ATTENTION_PERTURBATIONS))
+
+
+@st.composite
+def attention_cases(draw):
+    dtype, D, H_kv, group, B, total_q, page, kv_layout, with_lse, extreme, perturbations = draw(
+        ATTENTION_STRUCTURE)
+    r = R(draw(RANDOMS))
+    max_pages = r.int(0, 4)
+    what, value = extreme or (None, None)
+    if what == "B":
+        B = value
+    elif what == "total_q":  # total_q * group packed rows at the int32 limit or just past it
+        total_q = INT32_MAX // group + (value == "over")
+    elif what == "max_pages":  # page_table.shape[1] * page_size at the limit or past it, or the width itself
+        max_pages = {"at": INT32_MAX // page, "over": INT32_MAX // page + 1}.get(value, value)
+    elif what == "H_q":
+        H_kv, group = value, 1
+    H_q = H_kv * group
+    tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
+    kv_shape = [r.int(1, 4), 0, 0, D]
+    kv_shape[tok_ax], kv_shape[head_ax] = page, H_kv
+    t: dict[str, T | None] = {
+        "q": T((total_q, H_q, D), None, dtype), "out": T((total_q, H_q, D), None, dtype),
+        "k_cache": T(kv_shape, None, dtype), "v_cache": T(kv_shape, None, dtype),
+        "cu_seqlens_q": T((B + 1,), (1 if B > 0 else r.pick((1, 1, 0, 3, -1)),), "int32"),
+        "seqlens_kv": T((B,), (1 if B > 1 else r.pick((1, 1, 0, 3, -1)),), "int32"),
+        "page_table": T((B, max_pages), None, "int32"),
+        "lse": T((H_q, total_q), None, "fp32") if with_lse else None}
+    for n in QKVO:  # K and V are separate pools with their own strides; inputs may broadcast
+        t[n].strides = layout(r, t[n].shape, unit_last=True, multiple=8, negative=True, zero=(n != "out"))
+    t["page_table"].strides = page_table_strides(r, t["page_table"])
+    if with_lse:
+        t["lse"].strides = layout(r, t["lse"].shape, unit_last=False, multiple=1, negative=True, zero=False)
+    place(r, {n: x for n, x in t.items() if x is not None},
+          {"q": 16, "k_cache": 16, "v_cache": 16, "out": 16, "lse": 4, "cu_seqlens_q": 4, "seqlens_kv": 4,
+           "page_table": 4})
+    unknown_ordinals(r, t)
+    case = Case(r, t, {"q": ("k_cache", "v_cache", "out")}, {
+        "q": ("out", "k_cache", "v_cache", "lse"), "k_cache": ("v_cache", "page_table"),
+        "cu_seqlens_q": ("seqlens_kv", "page_table", "B")},
+        # H_q / H_kv and total_q * H_q / H_kv are checked as such; B is cu_seqlens_q's length - 1
+        {n: ("H_q", "total_q") for n in ("q", "k_cache", "kv_layout", "H_kv")} | {"cu_seqlens_q": ("B",)})
+    case.kv_layout, case.tok_ax, case.head_ax = kv_layout, tok_ax, head_ax
+    if extreme is not None:
+        case.touch(f"extreme {what}={value}", {"max_pages": "page_table"}.get(what, what))
+    breaches = attention_oracle(case)
+    assert bool(breaches) != (extreme is None or value in (INT32_MAX, "at")), ("the generator's base case",
+                                                                                extreme, breaches)
+    for p in perturbations:
+        p(case)
+    return case
+
+
+def attention_oracle(case: Case) -> list[set[str]]:
+    t = case.t
+    q, k, v, o, cuq, sl, pt, ls = (t[n] for n in ("q", "k_cache", "v_cache", "out", "cu_seqlens_q", "seqlens_kv",
+                                                  "page_table", "lse"))
+    bad: list[set[str]] = []
+    if q.dtype not in ("fp16", "bf16"):
+        bad.append({"q"})
+    bad += [{n, "q"} for n in ("k_cache", "v_cache", "out") if t[n].dtype != q.dtype]
+    ranked = {n: len(t[n].shape) == (4 if n in POOLS else 3) for n in QKVO}
+    bad += [{n} for n in QKVO if not ranked[n]]
+    layout_ok = type(case.kv_layout) is str and case.kv_layout in ("NHD", "HND")
+    if not layout_ok:
+        bad.append({"kv_layout"})
+    bad += [{n} for n, c in (("cu_seqlens_q", cuq), ("seqlens_kv", sl)) if not int32_vector_ok(c)]
+    if pt.dtype != "int32" or len(pt.shape) != 2 or pt.ptr % 4:
+        bad.append({"page_table"})
+    width = pt.shape[1] if len(pt.shape) == 2 else 0
+    if width > INT32_MAX:
+        bad.append({"page_table"})
+    if len(cuq.shape) == 1:
+        B = cuq.shape[0] - 1
+        if B < 0:
+            bad.append({"cu_seqlens_q"})
+        if B > INT32_MAX:
+            bad.append({"B"})
+        if len(sl.shape) == 1 and sl.shape[0] != B:
+            bad.append({"seqlens_kv", "cu_seqlens_q"})
+        if len(pt.shape) == 2 and pt.shape[0] != B:
+            bad.append({"page_table", "cu_seqlens_q"})
+    if ranked["q"]:
+        total_q, H_q, D = q.shape
+        if ranked["out"] and o.shape != q.shape:
+            bad.append({"out", "q"})
+        bad += [{name} for name, n in (("total_q", total_q), ("H_q", H_q)) if n > INT32_MAX]
+        if ls is not None and len(ls.shape) == 2 and ls.shape != [H_q, total_q]:
+            bad.append({"lse", "q"})
+        if ranked["k_cache"] and ranked["v_cache"] and layout_ok:
+            tok, head = (1, 2) if case.kv_layout == "NHD" else (2, 1)
+            page, H_kv = k.shape[tok], k.shape[head]
+            if v.shape != k.shape:
+                bad.append({"v_cache", "k_cache"})
+            if k.shape[3] != D:
+                bad.append({"k_cache", "q"})
+            if k.shape[0] == 0 or page not in ATTENTION_PAGES:
+                bad.append({"k_cache"})
+            if width * page > INT32_MAX:
+                bad.append({"page_table"})
+            if H_kv == 0 or H_q % H_kv:
+                bad.append({"k_cache", "q"})
+            else:
+                group = H_q // H_kv
+                if group == 0 or Q_BOX_ROWS % group:  # H_q = 0 is no group: nothing to pack
+                    bad.append({"H_q"})
+                if total_q * group > INT32_MAX:
+                    bad.append({"total_q"})
+    return bad + paged_breaches(t, 2, [n for n in QKVO if ranked[n]], ATTENTION_INPUTS)
+
+
+@fuzz(N_ATTENTION)
+@given(attention_cases())
+def test_attention_validation_property(case):
+    rec = records(case)
+    check_property(case, attention_oracle(case), lambda: check_attention(
+        STUB, 0, {n: rec[n] for n in QKVO}, rec["cu_seqlens_q"], rec["seqlens_kv"], rec["page_table"], rec["lse"],
+        case.kv_layout), "attention")
+
+
 def test_the_properties_saw_both_outcomes_and_every_kind_of_refusal(capsys):
-    """Runs after the four properties (file order): each passed and refused many cases, many ways."""
+    """Runs after the five properties (file order): each passed and refused many cases, many ways."""
     if not all(OUTCOMES.values()):
         pytest.skip("run together with the property tests")
     with capsys.disabled():
@@ -1063,6 +1288,8 @@ def test_the_properties_saw_both_outcomes_and_every_kind_of_refusal(capsys):
     assert {"cu_seqlens_q", "cu_seqlens_kv", "max_seqlen_q", "max_seqlen_kv"} <= set(OUTCOMES["prefill ragged"])
     assert {"q", "k_cache", "v_cache", "out", "lse", "seqlens_kv", "page_table", "kv_layout", "max_seqlen_kv", "B",
             "H_q", "H_kv"} <= set(OUTCOMES["decode"])
+    assert {"q", "k_cache", "v_cache", "out", "lse", "cu_seqlens_q", "seqlens_kv", "page_table", "kv_layout", "B",
+            "H_q", "total_q"} <= set(OUTCOMES["attention"])
 
 
 # ---------------------------------------------------------------------------- as_tensor / tensor / as_stream fuzz
@@ -1328,7 +1555,7 @@ def test_as_tensor_fuzz_made_records_and_refusals():
 
 
 def test_example_budget():
-    assert TOTAL_EXAMPLES >= 10_000
+    assert TOTAL_EXAMPLES >= 14_000
 
 
 # ---------------------------------------------------------------------------- regressions the fuzz found

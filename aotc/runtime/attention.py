@@ -89,7 +89,7 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
     if heads_kv == 0 or heads_q % heads_kv:
         raise ArgumentError(f"k_cache.shape[{head_ax}]", heads_kv, f"H_kv dividing H_q = {heads_q}")
     group = heads_q // heads_kv
-    if Q_BOX_ROWS % group:
+    if group == 0 or Q_BOX_ROWS % group:  # group 0 (H_q = 0): no query head to pack, and Q's box needs one
         raise ArgumentError("H_q / H_kv", group, f"a divisor of {Q_BOX_ROWS}: the kernel packs the query heads of "
                                                   f"a KV head into {Q_BOX_ROWS}-row tiles")
     pages_served = sorted(int(x[len("paged"):]) for x in runtime.field_values(FAMILY, "layout", device)
@@ -142,19 +142,25 @@ def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     group = d.heads_q // d.heads_kv
     q = t["q"]
     recipes = {"q": TiledRecipe(dtype, (d.head_dim, d.heads_q, max(1, d.total_q)),
-                                (q.strides[1] * elem, q.strides[0] * elem if d.total_q > 1 else 16),
+                                _byte_strides(elem, (q.strides[1], d.heads_q), (q.strides[0], d.total_q)),
                                 (int(tma["box_cols"]), group, Q_BOX_ROWS // group),
                                 int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))}
     for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
         page_s, tok_s, head_s = strides
         recipes[name] = TiledRecipe(
             dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
-            tuple(s * elem if n > 1 else 16 for s, n in ((tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages))),
+            _byte_strides(elem, (tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages)),
             (int(tma["box_cols"]), int(tma["box_rows"][name]), 1, 1),
             int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))
     for name, r in recipes.items():
         r.check({"q": "q", "k": "k_cache", "v": "v_cache"}[name])
     return recipes
+
+
+def _byte_strides(elem: int, *dims: tuple[int, int]) -> tuple[int, ...]:
+    """TMA byte strides of (stride in elements, extent) pairs: a dim of extent 1 is never stepped over, so
+    16 bytes stand in for its stride, which may be 0 or anything (a broadcast, a slice of one)."""
+    return tuple(s * elem if n > 1 else 16 for s, n in dims)
 
 
 class AttentionPlan(Plan):

@@ -1,0 +1,196 @@
+"""The attention entry point's host side without a GPU (aotc.runtime.attention): the TMA recipes over
+NHD and HND pools and GQA groups, the refusals that depend on the kernel's Q packing (H_q / H_kv) and
+on the loaded kernels (page sizes), and the family rule that prunes the page sizes a kv block cannot
+use, as `aotc list --why-not` explains it. The kernel's tile scheduler (tile_scheduler.RaggedTiles)
+runs on the device only, so it has no test here. Hostile arguments: test_hostile_arguments.py."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from aotc.cli import main
+from aotc.common.errors import ArgumentError
+from aotc.common.variant import Variant
+from aotc.families import get_family
+from aotc.families.sdpa_prefill_sm90 import _why_invalid, page_fits, tma_recipe
+from aotc.runtime import tensor
+from aotc.runtime.attention import _recipes, check_attention
+from aotc.runtime.validate import packed_strides
+
+BASE = 1 << 32
+APART = 1 << 36  # between the tensors of one call: none overlaps another
+
+
+class Loaded:
+    """What check_attention asks of a Runtime: the layouts of its loaded Hopper kernels (None: a kernel of
+    a bundle that records no layout)."""
+
+    def __init__(self, *pages: int):
+        self.layouts = {"dense", "ragged", None} | {f"paged{p}" for p in pages}
+
+    def field_values(self, family, field, device):
+        assert (family, field, device) == ("sdpa_prefill_sm90", "layout", 0)
+        return set(self.layouts)
+
+
+EVERY_PAGE = Loaded(16, 32, 64, 128)
+
+
+def fake_kernel(head_dim: int, page: int, block_n: int):
+    """A loaded kernel as _recipes reads it: the family's recorded TMA recipe for this variant."""
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=f"paged{page}",
+                     causal=True, block_n=block_n)
+    assert get_family("sdpa_prefill_sm90").why_invalid(dict(v.fields)) is None
+    launch = SimpleNamespace(extra={"tma": tma_recipe(v, block_n)})
+    return SimpleNamespace(variant=v, artifact=SimpleNamespace(launch=launch))
+
+
+def pool_shape(kv_layout: str, pages: int, page: int, heads_kv: int, head_dim: int) -> tuple[int, ...]:
+    return (pages, page, heads_kv, head_dim) if kv_layout == "NHD" else (pages, heads_kv, page, head_dim)
+
+
+def call(*, total_q=10, heads_q=8, heads_kv=2, head_dim=128, page=16, pages=6, batch=3, max_pages=4,
+         kv_layout="NHD", q_strides=None, k_strides=None, v_strides=None):
+    """check_attention's tensors for a valid call (bf16, packed) but for what a test changes."""
+    qs, kv = (total_q, heads_q, head_dim), pool_shape(kv_layout, pages, page, heads_kv, head_dim)
+    t = {"q": tensor(BASE, qs, q_strides or packed_strides(qs), "bf16"),
+         "out": tensor(BASE + APART, qs, packed_strides(qs), "bf16"),
+         "k_cache": tensor(BASE + 2 * APART, kv, k_strides or packed_strides(kv), "bf16"),
+         "v_cache": tensor(BASE + 3 * APART, kv, v_strides or packed_strides(kv), "bf16")}
+    cuq = tensor(BASE + 4 * APART, (batch + 1,), (1,), "int32")
+    sl = tensor(BASE + 5 * APART, (batch,), (1,), "int32")
+    pt = tensor(BASE + 6 * APART, (batch, max_pages), (max_pages, 1), "int32")
+    return t, cuq, sl, pt
+
+
+def check(runtime=EVERY_PAGE, kv_layout="NHD", **kw):
+    t, cuq, sl, pt = call(kv_layout=kv_layout, **kw)
+    return t, check_attention(runtime, 0, t, cuq, sl, pt, None, kv_layout)
+
+
+# ---------------------------------------------------------------------------- TMA recipes
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_recipes_of_nhd_and_hnd_pools_and_gqa_groups(kv_layout, group):
+    H_kv, P, D, pages, total_q = 2, 16, 128, 6, 10
+    t, d = check(kv_layout=kv_layout, heads_q=H_kv * group, heads_kv=H_kv, head_dim=D, page=P, pages=pages,
+                 total_q=total_q)
+    assert (d.heads_q, d.heads_kv, d.head_dim, d.page, d.pages) == (H_kv * group, H_kv, D, P, pages)
+    r = _recipes(fake_kernel(D, P, 128), t, d, "bf16")
+    # Q: (D, H_q, total_q) in bytes, one box a KV head's group of query heads by 64 / group tokens, 64 rows
+    q = r["q"]
+    assert q.dims == (D, H_kv * group, total_q)
+    assert q.strides == (D * 2, H_kv * group * D * 2)
+    assert q.box == (64, group, 64 // group) and q.box[1] * q.box[2] == 64
+    # K and V: one logical (D, P, H_kv, pages) whatever the layout, byte strides for (token, head, page)
+    token, head = (H_kv * D, D) if kv_layout == "NHD" else (D, P * D)
+    for name in ("k", "v"):
+        x = r[name]
+        assert x.dims == (D, P, H_kv, pages)
+        assert x.strides == (token * 2, head * 2, P * H_kv * D * 2)
+        assert x.box == (64, P, 1, 1)  # a page's rows: a kv block of 128 is 8 such boxes
+        assert (x.swizzle_bytes, x.l2_promotion_bytes) == (128, 256)
+
+
+@pytest.mark.parametrize("head_dim,block_n,page,rows", [
+    (64, 128, 16, 16), (128, 128, 64, 64), (128, 128, 128, 128), (128, 176, 16, 16), (256, 80, 16, 16)])
+def test_a_kv_box_is_a_page_or_a_kv_block_inside_one(head_dim, block_n, page, rows):
+    t, d = check(head_dim=head_dim, page=page)
+    r = _recipes(fake_kernel(head_dim, page, block_n), t, d, "bf16")
+    assert r["k"].box == r["v"].box == (64, rows, 1, 1)
+    assert r["k"].dims[:2] == (head_dim, page)
+
+
+def test_k_and_v_pools_keep_their_own_strides():
+    padded = (16 * 2 * 128 + 64, 2 * 128, 128, 1)  # V's pages 64 elements further apart than K's
+    t, d = check(v_strides=padded)  # NHD [6, 16, 2, 128]
+    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    assert r["k"].strides == (256 * 2, 128 * 2, 4096 * 2)  # (token, head, page) in bytes
+    assert r["v"].strides == (256 * 2, 128 * 2, (4096 + 64) * 2)
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_extent_one_dims_encode_whatever_their_strides(kv_layout):
+    """One token, one query head, one KV head, one page: a stride never stepped over (0 here, a broadcast)
+    is not the descriptor's business; it encodes 16 bytes instead."""
+    kv = pool_shape(kv_layout, 1, 16, 1, 64)
+    kv_strides = tuple(0 if n == 1 else s for n, s in zip(kv, packed_strides(kv)))
+    t, d = check(kv_layout=kv_layout, total_q=1, heads_q=1, heads_kv=1, head_dim=64, pages=1,
+                 q_strides=(0, 0, 1), k_strides=kv_strides, v_strides=kv_strides)
+    r = _recipes(fake_kernel(64, 16, 128), t, d, "bf16")
+    assert r["q"].dims == (64, 1, 1) and r["q"].strides == (16, 16)
+    assert r["k"].dims == (64, 16, 1, 1) and r["k"].strides == (64 * 2, 16, 16)
+
+
+def test_an_empty_step_still_encodes():
+    """total_q = 0 (no query this step): Q's descriptor has one row, never loaded."""
+    t, d = check(total_q=0, batch=0, max_pages=0)
+    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    assert r["q"].dims == (128, 8, 1)
+
+
+# ---------------------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("heads_q,heads_kv", [(3, 1), (12, 2), (128, 1), (40, 8), (0, 2)])
+def test_a_group_not_dividing_64_is_refused(heads_q, heads_kv):
+    """The kernel packs the query heads of a KV head into 64-row tiles; H_q = 0 is group 0, refused as
+    such (not a ZeroDivisionError)."""
+    with pytest.raises(ArgumentError, match="a divisor of 64") as e:
+        check(heads_q=heads_q, heads_kv=heads_kv)
+    assert e.value.name == "H_q / H_kv" and e.value.value == heads_q // heads_kv
+
+
+@pytest.mark.parametrize("group", [1, 2, 16, 32, 64])
+def test_every_divisor_of_64_is_served(group):
+    _, d = check(heads_q=2 * group, heads_kv=2)
+    assert d.heads_q // d.heads_kv == group
+
+
+@pytest.mark.parametrize("kv_layout,axis", [("NHD", 1), ("HND", 2)])
+def test_a_page_size_no_loaded_kernel_serves_is_refused(kv_layout, axis):
+    runtime = Loaded(16, 64)
+    check(runtime, kv_layout, page=64)
+    with pytest.raises(ArgumentError, match=r"a page size the loaded kernels serve: \[16, 64\]") as e:
+        check(runtime, kv_layout, page=32)
+    assert e.value.name == f"k_cache.shape[{axis}]" and e.value.value == 32
+    with pytest.raises(ArgumentError, match=r"serve: \[\]"):  # dense and ragged kernels only
+        check(Loaded(), kv_layout, page=16)
+
+
+# ---------------------------------------------------------------------------- the family's page rule
+
+@pytest.mark.parametrize("page,block_n,fits", [
+    (16, 80, True), (32, 80, False), (64, 80, False), (128, 80, False),  # D256's tile
+    (16, 128, True), (32, 128, True), (64, 128, True), (128, 128, True),
+    (16, 176, True), (32, 176, False), (64, 176, False), (128, 176, False)])
+def test_a_kv_block_is_whole_pages_or_inside_one(page, block_n, fits):
+    assert page_fits(page, block_n) is fits
+
+
+def test_page_sizes_a_kv_block_cannot_use_are_pruned_with_the_reason():
+    fields = {"dtype": "bf16", "head_dim": 256, "causal": True, "block_n": 80}
+    assert _why_invalid({**fields, "layout": "paged16"}) is None
+    why = _why_invalid({**fields, "layout": "paged32"})
+    assert why.startswith("paged32: a kv block of 80 keys is not whole pages, nor inside one page")
+    assert get_family("sdpa_prefill_sm90").why_invalid({**fields, "layout": "paged32"}) == why
+    assert "block_n 80 is not a tile of head_dim 128" in _why_invalid({**fields, "head_dim": 128, "layout": "paged16"})
+
+
+def test_list_why_not_explains_the_pruned_page_sizes(tmp_path, capsys):
+    spec = tmp_path / "paged.toml"
+    spec.write_text('[[family]]\nname = "sdpa_prefill_sm90"\narch = ["sm_90a"]\ndtype = "bf16"\nhead_dim = 256\n'
+                    'layout = ["paged16", "paged32", "paged64", "paged128"]\ncausal = true\nblock_n = 80\n')
+    assert main(["list", str(spec), "--why-not"]) == 0
+    out = capsys.readouterr().out
+    assert "1 variants (0 cached), 3 pruned" in out and "layout=paged16" in out
+    for page in (32, 64, 128):
+        assert (f"pruned sdpa_prefill_sm90 arch=sm_90a dtype=bf16 head_dim=256 layout=paged{page} causal=True "
+                f"block_n=80: paged{page}: a kv block of 80 keys is not whole pages") in out
+    assert main(["list", str(spec), "--why-not", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["variant"]["layout"] for r in doc["variants"]] == ["paged16"]
+    assert sorted(p["values"]["layout"] for p in doc["pruned"]) == ["paged128", "paged32", "paged64"]
+    assert all("nor inside one page" in p["reason"] for p in doc["pruned"])
