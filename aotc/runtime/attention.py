@@ -20,11 +20,16 @@ decode_query_len queries, the paged prefill kernel (sdpa_prefill_sm90, layout pa
 GQA-packed rows, tile pairs over a persistent grid) every longer one. So the plan holds no per-step
 schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
 decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the paged prefill kernel; a
-max_seqlen_q <= decode_query_len skips its launch. A plan is prepared for one total_q (q's first
-extent); one per token count.
+max_seqlen_q <= decode_query_len skips its launch.
+
+A plan is fixed by layouts, not by the token count: a step may bring q/out (and lse) of another total_q
+(q's first extent) with the prepared strides, and the plan re-encodes Q's descriptor for it (a few
+microseconds, kept for the last few counts) instead of preparing anew, so an engine's eager steps, each
+with its own token count, reuse one plan per layer.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -163,10 +168,22 @@ def _byte_strides(elem: int, *dims: tuple[int, int]) -> tuple[int, ...]:
     return tuple(s * elem if n > 1 else 16 for s, n in dims)
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """What a step's token count fixes: Q's descriptor (its extent), the byte ranges of q, out and lse for
+    the overlap checks, and LSE's head stride ([H_q, total_q] strides follow the count)."""
+
+    descriptor: DescriptorSlot
+    spans: V.Spans
+    lse_stride_h: int
+
+
 class AttentionPlan(Plan):
-    """Ragged queries over a paged KV cache, one launch a step (see the module docstring)."""
+    """Ragged queries over a paged KV cache, one call a step whatever its token count (see the module
+    docstring)."""
 
     family = ENTRY
+    MAX_ROW_COUNTS = 16  # token counts whose Q descriptor and spans a plan keeps
 
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
@@ -209,8 +226,13 @@ class AttentionPlan(Plan):
             raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
                                                      f"(build one: aotc build with layout = \"paged{d.page}\")")
         recipes = _recipes(kernel, t, d, dtype)
+        # a later step's token count keeps these strides: its Q descriptor steps over tokens with q's (a view
+        # of one token carries its stride as well)
+        if q_token_bytes(t["q"]) is None:
+            raise ArgumentError("q.stride[0]", t["q"].strides[0], "a positive multiple of 8 elements")
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
                                  for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
+        self._q_recipe = recipes["q"]
         o_, q_ = t["out"], t["q"]
         lse_strides = (0, 0) if ls is None else ls.strides
         values = {
@@ -228,28 +250,63 @@ class AttentionPlan(Plan):
         self.shape = d
         # no launch when nothing is left for it: an empty batch, or every sequence a decode row
         longer = max_seqlen_q is None or max_seqlen_q > decode_query_len
-        grid = ragged_grid(multiprocessor_count(device)) if d.batch and d.total_q and longer else (0, 0, 0)
+        grid = ragged_grid(multiprocessor_count(device)) if d.batch and longer else (0, 0, 0)
         self.bind(kernel, grid, device, values)
-        self._q_slot, self._slots = self.slots("tma_q")[0], self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv",
-                                                                         "page_table")
+        self._q_slot, self._lse_h_slot = self.slots("tma_q", "lse_stride_h")
+        self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
-        self.layout = _layout(q_, o_, ls, cuq, sl, pt)
-        self._spans = V.Spans({"k_cache": t["k_cache"], "v_cache": t["v_cache"]}, {"out": o_, "lse": ls},
-                              {"q": q_, "cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt})
+        self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
+        self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"]}
+        self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
+        self._io = (q_, o_, ls)
+        self._rows = {}
+        self._total_q = d.total_q
+        self._current = self._rows[d.total_q, lse_strides[0]] = _Rows(
+            self.descriptors[0], V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}), lse_strides[0])
         self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
+
+    def _rows_for(self, total_q: int, lse_stride_h: int) -> _Rows:
+        """The descriptor and spans of a step of total_q tokens (LSE rows lse_stride_h apart), checked as the
+        plan's own were when it was prepared."""
+        rows = self._rows.get((total_q, lse_stride_h))
+        if rows is not None:
+            return rows
+        d = self.shape
+        group = d.heads_q // d.heads_kv
+        if not isinstance(total_q, int) or total_q < 0 or total_q * group > V.INT32_MAX:
+            raise ArgumentError("total_q", total_q, f"an int in [0, {V.INT32_MAX // group}] (packed rows are 32-bit)")
+        q0, o0, l0 = self._io
+        q_ = dataclasses.replace(q0, shape=(total_q, *q0.shape[1:]))
+        o_ = dataclasses.replace(o0, shape=(total_q, *o0.shape[1:]))
+        V.no_self_overlap(o_, "out")
+        ls = None
+        if l0 is not None:
+            ls = dataclasses.replace(l0, shape=(d.heads_q, total_q), strides=(lse_stride_h, l0.strides[1]))
+            V.no_self_overlap(ls, "lse")
+        recipe = dataclasses.replace(self._q_recipe, dims=(*self._q_recipe.dims[:2], max(1, total_q)))
+        recipe.check("q")
+        rows = _Rows(DescriptorSlot(recipe, q_.ptr), V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}),
+                     lse_stride_h)
+        if len(self._rows) >= self.MAX_ROW_COUNTS:
+            self._rows.pop(next(iter(self._rows)))
+        self._rows[total_q, lse_stride_h] = rows
+        return rows
 
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
             stream: int = 0) -> None:
-        """One step with new raw pointers for the prepared layouts (0 keeps the prepared metadata pointer)."""
-        if self.decode is not None:
-            self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
-        if self.launcher.empty:
+        """One step with new raw pointers for the token count the plan was last given (0 keeps the prepared
+        metadata pointer)."""
+        if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
         if any(p & m for p, m in zip(ptrs, self._masks)):
             raise self.misaligned(("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"), ptrs)
         self.check_lse(lse)
-        data = self.descriptors[0].update(q)
+        if self.decode is not None:
+            self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
+        if self.launcher.empty:
+            return
+        data = self._current.descriptor.update(q)
         if data is not None:
             self._q_slot.raw = data
         s = self._slots
@@ -263,11 +320,20 @@ class AttentionPlan(Plan):
         self._launch(stream)
 
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
-                    page_table: int = 0, stream: int = 0) -> None:
-        """run() for pointers of tensors laid out as the prepared ones, after checking that out and lse
-        overlap no input."""
+                    page_table: int = 0, stream: int = 0, total_q: int | None = None,
+                    lse_stride_h: int | None = None) -> None:
+        """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
+        and lse's head stride; None: as the last call), after checking that out and lse overlap no input."""
+        if total_q is not None and (total_q, lse_stride_h or self._current.lse_stride_h) != (
+                self._total_q, self._current.lse_stride_h):
+            rows = self._rows_for(total_q, lse_stride_h or self._current.lse_stride_h)
+            self._current, self._total_q = rows, total_q
+            self._q_slot.raw = rows.descriptor.data
+            self._lse_h_slot.value = rows.lse_stride_h
+            if self.decode is not None:
+                self.decode.set_lse_head_stride(rows.lse_stride_h)
         cu, sl, pt = self._prepared
-        self._spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
+        self._current.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
         self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream)
 
     def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
@@ -275,39 +341,82 @@ class AttentionPlan(Plan):
         recs = [as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse")]
         meta = [None if x is None else as_tensor(x, n) for x, n in
                 ((cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
-        got = _layout(*recs, *meta)
+        got = _layout(*recs, *meta, rows_free=True)
         for i, (name, g, want) in enumerate(zip(("q", "out", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"),
                                                 got, self.layout)):
             if (i < 3 or g is not None) and g != want:
                 raise ArgumentError(name, g, f"the layout the plan was prepared for: {want}")
+        total_q = _total_q(recs[0], recs[1], recs[2])
         self.checked_run(recs[0].ptr, recs[1].ptr, 0 if recs[2] is None else recs[2].ptr,
-                         *(0 if m is None else m.ptr for m in meta), as_stream(stream))
+                         *(0 if m is None else m.ptr for m in meta), as_stream(stream), total_q,
+                         None if recs[2] is None else recs[2].strides[0])
 
 
-def _layout(*recs) -> tuple:
-    return tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs)
+def q_token_bytes(q: TensorArg) -> int | None:
+    """q's token stride in bytes when a TMA descriptor can step with it (whatever the token count), else None."""
+    b = q.strides[0] * q.itemsize
+    return b if q.strides[0] > 0 and q.strides[0] % 8 == 0 and b < 1 << 40 else None
+
+
+def _layout(*recs, rows_free: bool = False) -> tuple:
+    """(shape, strides, dtype, device) of each tensor; rows_free: q, out and lse (the first three) without
+    their token count (lse [H_q, total_q]: its head stride follows the count too)."""
+    out = []
+    for i, r in enumerate(recs):
+        if r is None:
+            out.append(None)
+        elif rows_free and i < 2:
+            out.append((r.shape[1:], r.strides, r.dtype, r.device))
+        elif rows_free and i == 2:
+            out.append((r.shape[0], r.strides[1], r.dtype, r.device))
+        else:
+            out.append((r.shape, r.strides, r.dtype, r.device))
+    return tuple(out)
+
+
+def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
+    """The step's token count: q's, out's and lse's must agree."""
+    if out.shape[0] != q.shape[0]:
+        raise ArgumentError("out.shape[0]", out.shape[0], f"total_q = {q.shape[0]} (from q)")
+    if lse is not None and lse.shape[1] != q.shape[0]:
+        raise ArgumentError("lse.shape[1]", lse.shape[1], f"total_q = {q.shape[0]} (from q)")
+    return q.shape[0]
 
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, stream=None) -> None:
-    """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached."""
-    seen = torch_layouts(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse)
+    """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
+    the step's token count."""
+    seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table)
     scalars = (causal, softmax_scale, kv_layout, max_seqlen_q, decode_query_len)
-    if seen is not None:  # torch tensors: a key from their layouts and the pools' pointers (see torch_key)
-        fast = torch_key(ENTRY, runtime.device(), seen, (k_cache, v_cache), scalars)
+    if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
+        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache), scalars)
         plan = runtime.plans.get(fast)
         if plan is not None:
+            total_q = q.shape[0]
+            if out.shape[0] != total_q or (lse is not None and lse.shape[1] != total_q):
+                _total_q(as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse"))
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                             cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(), page_table.data_ptr(), as_stream(stream))
+                             cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(), page_table.data_ptr(), as_stream(stream),
+                             total_q, None if lse is None else lse.stride(0))
             return
     recs = [None if x is None else as_tensor(x, n) for x, n in
-            ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (cu_seqlens_q, "cu_seqlens_q"),
-             (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (lse, "lse"))]
-    qr, kr, vr, outr, cur, slr, ptr_, lsr = recs
-    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs), scalars)
+            ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
+             (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
+    qr, outr, lsr, kr, vr, cur, slr, ptr_ = recs
+    total_q = _total_q(qr, outr, lsr)
+    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len))
     if seen is not None:
         runtime.remember_plan(fast, plan)
-    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream))
+    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream),
+                     total_q, None if lsr is None else lsr.strides[0])
+
+
+def _rows_free(seen: tuple) -> tuple:
+    """torch_layouts of (q, out, lse, ...) less the token count (see _layout)."""
+    q, out, lse, *rest = seen
+    return ((q[0][1:], q[1], q[2], q[3]), (out[0][1:], out[1], out[2], out[3]),
+            None if lse is None else (lse[0][0], lse[1][1], lse[2], lse[3]), *rest)

@@ -175,6 +175,11 @@ class DecodePlan(Plan):
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
         self._cq_ptr = 0 if cuq is None else cuq.ptr
 
+    def set_lse_head_stride(self, stride: int) -> None:
+        """A ragged plan's LSE [H_q, total_q] head stride for the next steps (Runtime.attention's steps of
+        another token count; the caller checked the new layout)."""
+        self.launcher.params.slots["lse_stride_h"].value = stride
+
     def _workspace(self, workspace, device: int, t: dict, sl, pt, ls) -> TensorArg:
         """The caller's workspace, checked, or the plan's own (allocated and zeroed now)."""
         if workspace is None:

@@ -436,3 +436,38 @@ def test_page_table_padding_entries_are_never_read(rt):
     b.cache.poison(math.nan, tails=False)
     b.attend(rt, io, b.metadata(step), lse=io.lse, max_seqlen_q=2048)
     b.check(step, io, "page-table padding -1, unused pages NaN")
+
+
+def test_one_plan_serves_every_token_count(rt, ops):
+    """Eager steps bring q/out/lse of a new token count each time: Runtime.attention (and the torch op)
+    reuse one plan per layer, re-encoding only Q's descriptor, and every step is right, including a count
+    seen before, a step of 0 tokens, and LSE [H_q, total_q] whose head stride follows the count."""
+    gen = torch.Generator(device="cuda").manual_seed(111)
+    b = PagedBatch([3000, 900, 5000, 40], 16, 32, 8, 128, "bf16", "NHD", gen, rows=600)
+    b.cache.poison(POISON, tails=False)
+    steps = [[(0, 512, 3000), (1, 1, 900), (2, 4, 5000), (3, 0, 40)],
+             [(0, 1, 3000), (1, 1, 900), (2, 1, 5000), (3, 1, 40)],
+             [(2, 300, 4321), (3, 4, 40), (0, 1, 2000), (1, 200, 900)],
+             [(0, 512, 3000), (1, 1, 900), (2, 4, 5000), (3, 0, 40)],
+             [(0, 0, 3000), (1, 0, 900), (2, 0, 5000), (3, 0, 40)]]
+    before = len(rt.plans)
+    for i, step in enumerate(steps):
+        total = sum(s_q for _, s_q, _ in step)
+        q = torch.randn(total, 32, 128, dtype=torch.bfloat16, device="cuda", generator=gen)
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((32, total), math.nan, device="cuda")
+        meta = b.metadata(step)
+        if i % 2:
+            torch.ops.aotc.attention(q, b.cache.k, b.cache.v, *meta, out, lse, None, True, None, "NHD")
+        else:
+            rt.attention(q, b.cache.k, b.cache.v, out, *meta, lse=lse, stream=torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        pos = 0
+        for r, s_q, s_kv in step:
+            if s_q:
+                o_ref, l_ref = reference(q[pos:pos + s_q], *b.cache.dense(r, s_kv), True, 128 ** -0.5)
+                check_close(out[pos:pos + s_q], o_ref, TOL["bf16"], f"step {i} row {r} out")
+                check_close(lse[:, pos:pos + s_q], l_ref, LSE_TOL, f"step {i} row {r} lse")
+            pos += s_q
+    # one Runtime.attention plan (and its torch-layout alias) for the five steps' four token counts
+    assert len(rt.plans) - before <= 2, len(rt.plans) - before
