@@ -3,13 +3,15 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_cases.py all
     ... --tool racecheck python3 tests/gpu/sanitizer_cases.py one
     ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged,
-                                                      # and D128 at its widest kv tile (block_n 176)
+                                                      # D128 at its widest kv tile (block_n 176), and
+                                                      # two paged layouts (Runtime.attention)
 
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so an access past a
 tensor's end is past an allocation's end, which memcheck reports.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -130,10 +132,47 @@ def kv_write_cases():
                     launches += 1
 
 
+def attention_cases(picks=None):
+    """Runtime.attention over pools sized to the pages the sequences own (a read past a pool is past its
+    allocation) with page-table padding -1: decode rows, S_q 4 rows, chunks whose prefix is in the cache,
+    empty sequences, lengths at and around page and kv-block boundaries; every row on the paged kernel,
+    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: all)."""
+    global launches
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
+                       for k in rt.kernels.get("sdpa_prefill_sm90", []) if k.variant["layout"].startswith("paged")})
+    if picks is not None:
+        variants = [v for v in variants if v in picks]
+    seqs = [(1, 1), (4, 17), (0, 50), (130, 130), (1, 16), (0, 0), (200, 2500), (1, 127), (3, 129)]
+    for dtype, D, page in variants:
+        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        H_q, H_kv = 8, 2
+        need = [-(-s_kv // page) for _, s_kv in seqs]
+        width = max(need) + 1
+        for layout in ("NHD", "HND") if picks is None else ("NHD",):
+            shape = (sum(need) + 1, page, H_kv, D) if layout == "NHD" else (sum(need) + 1, H_kv, page, D)
+            k, v = torch.randn(shape, device="cuda", dtype=t), torch.randn(shape, device="cuda", dtype=t)
+            perm = torch.randperm(shape[0], device="cuda", dtype=torch.int32)
+            pt = torch.full((len(seqs), width), -1, dtype=torch.int32, device="cuda")
+            pos = 0
+            for b, n in enumerate(need):
+                pt[b, :n] = perm[pos:pos + n]
+                pos += n
+            cu = torch.tensor([0] + list(itertools.accumulate(s_q for s_q, _ in seqs)), dtype=torch.int32,
+                              device="cuda")
+            sl = torch.tensor([s_kv for _, s_kv in seqs], dtype=torch.int32, device="cuda")
+            total = int(cu[-1])
+            q = torch.randn(total, H_q, D, device="cuda", dtype=t)
+            out, lse = torch.empty_like(q), torch.empty(H_q, total, device="cuda")
+            for dq in (0, 1):
+                rt.attention(q, k, v, out, cu, sl, pt, lse=lse, kv_layout=layout, decode_query_len=dq)
+                launches += 1
+
+
 if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"), picks=[(128, "dense", False)])
+    attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)])  # the paged layouts' V-tail zeroing, barriers
 else:
     combine_cases()
     prefill_cases("sdpa_prefill")
@@ -142,5 +181,6 @@ else:
         prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"))
     decode_cases()
     kv_write_cases()
+    attention_cases(None if mode == "all" else [("bf16", 128, 16)])
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")
