@@ -65,7 +65,7 @@ SCHEMAS = {
     # into the caller's out (and lse): one call per layer per step
     "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor page_table, "
                  "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
-                 "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1) -> ()",
+                 "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None) -> ()",
     "kv_write": "(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
                 "str kv_layout=\"NHD\") -> ()",
 }
@@ -165,19 +165,20 @@ def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspac
 
 
 def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse=None, max_seqlen_q=None,
-                  causal=True, scale=None, kv_layout="NHD", decode_query_len=1):
+                  causal=True, scale=None, kv_layout="NHD", decode_query_len=1, max_seqlen_kv=None):
     torch, rt = _torch(), get_runtime()
     max_q = None if max_seqlen_q is None else int(max_seqlen_q)
+    max_kv = None if max_seqlen_kv is None else int(max_seqlen_kv)
     if q.is_cuda:
         dev = q.get_device()
         _on_device(torch, dev, lambda: rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table,
                                                     lse=lse, causal=causal, softmax_scale=scale, kv_layout=kv_layout,
                                                     max_seqlen_q=max_q, decode_query_len=decode_query_len,
-                                                    stream=_stream(torch, dev)))
+                                                    max_seqlen_kv=max_kv, stream=_stream(torch, dev)))
     else:
         rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=lse, causal=causal,
                      softmax_scale=scale, kv_layout=kv_layout, max_seqlen_q=max_q, decode_query_len=decode_query_len,
-                     stream=None)
+                     max_seqlen_kv=max_kv, stream=None)
 
 
 def _outputs(q, lse_shape):
@@ -332,7 +333,7 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
 
 def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=None, lse=None,
               max_seqlen_q: int | None = None, causal: bool = True, scale: float | None = None,
-              kv_layout: str = "NHD", decode_query_len: int = 1):
+              kv_layout: str = "NHD", decode_query_len: int = 1, max_seqlen_kv: int | None = None):
     """(out, lse) for ragged q [total_q, H_q, D] (cu_seqlens_q int32 [B + 1]: decode rows and prefill chunks
     alike) over a paged KV cache (seqlens_kv: full lengths, new tokens included; page_table int32
     [B, max_pages]), bottom-right causal per sequence: torch.ops.aotc.attention into out (allocated when None;
@@ -341,7 +342,7 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     if out is None:
         out = _torch().empty_like(q)
     ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
-                  kv_layout, decode_query_len)
+                  kv_layout, decode_query_len, max_seqlen_kv)
     return out, lse
 
 

@@ -227,9 +227,11 @@ def contenders_of(rt, fa3, case: Case, pool: Pool) -> tuple[dict, dict]:
     import torch
 
     cur = torch.cuda.current_stream  # graph_time captures on a stream of its own: launch on the current one
-    plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q)
+    # the step's bounds, as an engine passes them (vLLM: max_query_len, max_seq_len)
+    bounds = {"max_seqlen_q": pool.max_q, "max_seqlen_kv": max(s_kv for _, s_kv in case.seqs)}
+    plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, **bounds)
     aa_out = torch.empty_like(pool.out)
-    aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q)
+    aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, **bounds)
     facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None)}
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
            "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}

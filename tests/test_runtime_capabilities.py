@@ -81,9 +81,9 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert a["supported"] and a["dtypes"] == ["bf16", "fp16"] and a["head_dims"] == [64, 128, 256]
     assert a["page_sizes"] == [16, 32, 64, 128] and a["kv_layouts"] == ["NHD", "HND"] and a["causal"] == [True]
     # its decode rows' kernel is listed, out of the summary (the paged kernel decides what is served)
-    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 18),
+    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 20),
                                                                                 ("sdpa_decode", "sm_90", 24)]
-    assert a["kernels"] == 18 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
+    assert a["kernels"] == 20 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
     w = eps["kv_write"]
     assert w["supported"] and w["dtypes"] == ["bf16", "fp16"] and w["head_dims"] == [64, 128, 256]
     assert sorted((g["head_dim"], g["layout"]) for g in a["gaps"]) == sorted(

@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 18 + 30 + 24 + 6
+    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6
     assert len(set(s.variants)) == len(s.variants)
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
     prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
@@ -40,7 +40,8 @@ def test_default_spec_loads():
     # the serving entry point: causal, every page size at D64/D128 (kv blocks of 128), page 16 at D256 (80)
     assert {(v["dtype"], v["head_dim"], v["layout"], v["block_n"]) for v in paged} == {
         (dt, d, f"paged{p}", 80 if d == 256 else 128) for dt in ("fp16", "bf16") for d in (64, 128, 256)
-        for p in (16, 32, 64, 128) if d != 256 or p == 16} and all(v["causal"] for v in paged)
+        for p in (16, 32, 64, 128) if d != 256 or p == 16} | {
+        (dt, 128, "paged16", 176) for dt in ("fp16", "bf16")} and all(v["causal"] for v in paged)
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode if v["layout"] == "dense"}) == 5
     # the serving entry point's decode rows: ragged queries over every page size
     assert {(v["kv"], v["head_dim"]) for v in decode if v["layout"] == "ragged"} == {
@@ -58,7 +59,7 @@ def test_default_spec_loads():
     tiles = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "is not a tile of" in p.reason]
     pages = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "not whole pages" in p.reason]
     assert len(packed) == 12 and all("packed specialization" in p.reason for p in packed)
-    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) + 2 * 4 * (3 * 2 - 3) and len(pages) == 2 * 3
+    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) + 2 * 4 * (3 * 3 - 4) and len(pages) == 2 * 3 + 2 * 3
     assert len(s.pruned) == len(packed) + len(tiles) + len(pages)
     assert all(f"is not a tile of head_dim {p.values['head_dim']}" in p.reason for p in tiles)
 

@@ -267,29 +267,32 @@ class Runtime:
 
     def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                           causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                          max_seqlen_q: int | None = None, decode_query_len: int = 1):
+                          max_seqlen_q: int | None = None, decode_query_len: int = 1,
+                          max_seqlen_kv: int | None = None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
         [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                              softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                             decode_query_len=decode_query_len)
+                             decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv)
 
     def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                  max_seqlen_q: int | None = None, decode_query_len: int = 1, stream=None) -> None:
+                  max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
+                  stream=None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
         included; page_table), bottom-right causal per sequence, into out (and lse). Sequences of at most
         decode_query_len queries (1, or 1 + speculative tokens) run on the decode kernel, longer ones on
         the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
-        latter's launch. Both kernels read the lengths on the device."""
+        latter's launch, max_seqlen_kv (optional) >= 8192 picks its widest kv tile. Both kernels read the
+        lengths on the device, and neither bound is part of the cached plan's key."""
         from .attention import attention
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                  decode_query_len=decode_query_len, stream=stream)
+                  decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
         """Validate once for these pools and key/value/slot layouts; returns a KvWritePlan (see

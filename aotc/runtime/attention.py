@@ -20,7 +20,9 @@ decode_query_len queries, the paged prefill kernel (sdpa_prefill_sm90, layout pa
 GQA-packed rows, tile pairs over a persistent grid) every longer one. So the plan holds no per-step
 schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
 decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the paged prefill kernel; a
-max_seqlen_q <= decode_query_len skips its launch.
+max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its launch. max_seqlen_kv (a
+bound on the KV lengths, as engines pass it) of LONG_KV or more picks the paged kernel's widest kv tile
+where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), as for dense prefill.
 
 A plan is fixed by layouts, not by the token count: a step may bring q/out (and lse) of another total_q
 (q's first extent) with the prepared strides, and the plan re-encodes Q's descriptor for it (a few
@@ -42,7 +44,7 @@ from .driver import multiprocessor_count
 from .dlpack import torch_layouts
 from .decode import DecodePlan
 from .plan import Plan, cached_plan, torch_key
-from .prefill import hopper_candidates
+from .prefill import LONG_KV, hopper_candidates
 from .tensors import TensorArg, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
@@ -187,7 +189,7 @@ class AttentionPlan(Plan):
 
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                 max_seqlen_q: int | None = None, decode_query_len: int = 1):
+                 max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None):
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -199,6 +201,9 @@ class AttentionPlan(Plan):
         if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
                                          or max_seqlen_q < 0):
             raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0: the longest query count of the batch")
+        if max_seqlen_kv is not None and (not isinstance(max_seqlen_kv, int) or isinstance(max_seqlen_kv, bool)
+                                          or max_seqlen_kv < 0):
+            raise ArgumentError("max_seqlen_kv", max_seqlen_kv, "None or an int >= 0: the longest KV length of the batch")
         if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
                 or not 0 <= decode_query_len <= DECODE_MAX_Q):
             raise ArgumentError("decode_query_len", decode_query_len, f"an int in [0, {DECODE_MAX_Q}]: sequences of "
@@ -221,7 +226,7 @@ class AttentionPlan(Plan):
                                      decode_query_len=decode_query_len)
         self.decode_query_len = decode_query_len
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
-        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, 0))
+        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
         if kernel is None:
             raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
                                                      f"(build one: aotc build with layout = \"paged{d.page}\")")
@@ -249,8 +254,8 @@ class AttentionPlan(Plan):
         self.has_lse = ls is not None
         self.shape = d
         # no launch when nothing is left for it: an empty batch, or every sequence a decode row
-        longer = max_seqlen_q is None or max_seqlen_q > decode_query_len
-        grid = ragged_grid(multiprocessor_count(device)) if d.batch and longer else (0, 0, 0)
+        self._longer = max_seqlen_q is None or max_seqlen_q > decode_query_len  # the calls' default
+        grid = ragged_grid(multiprocessor_count(device)) if d.batch else (0, 0, 0)
         self.bind(kernel, grid, device, values)
         self._q_slot, self._lse_h_slot = self.slots("tma_q", "lse_stride_h")
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
@@ -293,9 +298,9 @@ class AttentionPlan(Plan):
         return rows
 
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
-            stream: int = 0) -> None:
+            stream: int = 0, max_seqlen_q: int | None = -1) -> None:
         """One step with new raw pointers for the token count the plan was last given (0 keeps the prepared
-        metadata pointer)."""
+        metadata pointer); max_seqlen_q: this step's bound on its query counts (-1: the prepared one)."""
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
@@ -304,7 +309,8 @@ class AttentionPlan(Plan):
         self.check_lse(lse)
         if self.decode is not None:
             self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
-        if self.launcher.empty:
+        longer = self._longer if max_seqlen_q == -1 else max_seqlen_q is None or max_seqlen_q > self.decode_query_len
+        if self.launcher.empty or not longer:
             return
         data = self._current.descriptor.update(q)
         if data is not None:
@@ -321,7 +327,7 @@ class AttentionPlan(Plan):
 
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
                     page_table: int = 0, stream: int = 0, total_q: int | None = None,
-                    lse_stride_h: int | None = None) -> None:
+                    lse_stride_h: int | None = None, max_seqlen_q: int | None = -1) -> None:
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
         and lse's head stride; None: as the last call), after checking that out and lse overlap no input."""
         if total_q is not None and (total_q, lse_stride_h or self._current.lse_stride_h) != (
@@ -334,7 +340,7 @@ class AttentionPlan(Plan):
                 self.decode.set_lse_head_stride(rows.lse_stride_h)
         cu, sl, pt = self._prepared
         self._current.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
-        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream)
+        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q)
 
     def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
         """One step on tensors laid out as the prepared ones (metadata: None keeps the prepared tensors)."""
@@ -384,11 +390,17 @@ def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
 
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
-              softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, stream=None) -> None:
+              softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
+              stream=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table)
-    scalars = (causal, softmax_scale, kv_layout, max_seqlen_q, decode_query_len)
+    if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
+                                     or max_seqlen_q < 0):
+        raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0: the longest query count of the batch")
+    # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
+    long_kv = isinstance(max_seqlen_kv, int) and not isinstance(max_seqlen_kv, bool) and max_seqlen_kv >= LONG_KV
+    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv)
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
         fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache), scalars)
         plan = runtime.plans.get(fast)
@@ -398,7 +410,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
                 _total_q(as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse"))
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(), page_table.data_ptr(), as_stream(stream),
-                             total_q, None if lse is None else lse.stride(0))
+                             total_q, None if lse is None else lse.stride(0), max_seqlen_q)
             return
     recs = [None if x is None else as_tensor(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
@@ -408,11 +420,12 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
-        kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len))
+        kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
+        max_seqlen_kv=max_seqlen_kv if long_kv else None))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream),
-                     total_q, None if lsr is None else lsr.strides[0])
+                     total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
 
 
 def _rows_free(seen: tuple) -> tuple:

@@ -212,7 +212,9 @@ def test_mixed_batch_matches_reference(rt, case):
     meta = b.metadata(step)
     refs = b.references(step, io)
     dq = (0, 1, 4)[CASES.index(case) % 3]
-    b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in MIXED), decode_query_len=dq)
+    # the bounds an engine passes: max_seqlen_kv >= 8192 runs the widest kv tile (D128 at page 16: 176)
+    b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in MIXED),
+             max_seqlen_kv=max(s_kv for _, s_kv in MIXED), decode_query_len=dq)
     b.check(step, io, f"mixed {case_id(case)} decode_query_len {dq}", refs=refs)
     io.poison()
     b.attend(rt, io, meta)
