@@ -1182,6 +1182,10 @@ def attention_cases(draw):
         "lse": T((H_q, total_q), None, "fp32") if with_lse else None}
     for n in QKVO:  # K and V are separate pools with their own strides; inputs may broadcast
         t[n].strides = layout(r, t[n].shape, unit_last=True, multiple=8, negative=True, zero=(n != "out"))
+    for n in ("q", "out"):  # their token strides serve every later count: positive, whatever the extent
+        if t[n].shape[0] <= 1 or t[n].strides[0] <= 0:
+            t[n].strides = [abs(t[n].strides[0]) if t[n].shape[0] > 1 and t[n].strides[0]
+                            else r.pick((H_q * D, (H_q + 1) * D, 8 * r.int(1, 4096))), *t[n].strides[1:]]
     t["page_table"].strides = page_table_strides(r, t["page_table"])
     if with_lse:
         t["lse"].strides = layout(r, t["lse"].shape, unit_last=False, multiple=1, negative=True, zero=False)
@@ -1234,6 +1238,13 @@ def attention_oracle(case: Case) -> list[set[str]]:
             bad.append({"seqlens_kv", "cu_seqlens_q"})
         if len(pt.shape) == 2 and pt.shape[0] != B:
             bad.append({"page_table", "cu_seqlens_q"})
+    # q's and out's token strides serve every later step's count, so they must be usable whatever the
+    # extent: positive multiples of 8 elements below 2^40 bytes
+    for n in ("q", "out"):
+        x = t[n]
+        if ranked[n] and x.dtype in ("fp16", "bf16") and not (
+                x.strides[0] > 0 and x.strides[0] % 8 == 0 and x.strides[0] * 2 < 1 << 40):
+            bad.append({n})
     if ranked["q"]:
         total_q, H_q, D = q.shape
         if ranked["out"] and o.shape != q.shape:

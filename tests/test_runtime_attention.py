@@ -115,14 +115,23 @@ def test_k_and_v_pools_keep_their_own_strides():
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 def test_extent_one_dims_encode_whatever_their_strides(kv_layout):
     """One token, one query head, one KV head, one page: a stride never stepped over (0 here, a broadcast)
-    is not the descriptor's business; it encodes 16 bytes instead."""
+    is not the descriptor's business; it encodes 16 bytes instead. The token stride is the exception: a
+    plan serves later steps of other token counts with it, so one token's q carries its real stride."""
     kv = pool_shape(kv_layout, 1, 16, 1, 64)
     kv_strides = tuple(0 if n == 1 else s for n, s in zip(kv, packed_strides(kv)))
     t, d = check(kv_layout=kv_layout, total_q=1, heads_q=1, heads_kv=1, head_dim=64, pages=1,
-                 q_strides=(0, 0, 1), k_strides=kv_strides, v_strides=kv_strides)
+                 q_strides=(64, 0, 1), k_strides=kv_strides, v_strides=kv_strides)
     r = _recipes(fake_kernel(64, 16, 128), t, d, "bf16")
-    assert r["q"].dims == (64, 1, 1) and r["q"].strides == (16, 16)
+    assert r["q"].dims == (64, 1, 1) and r["q"].strides == (16, 64 * 2)
     assert r["k"].dims == (64, 16, 1, 1) and r["k"].strides == (64 * 2, 16, 16)
+
+
+@pytest.mark.parametrize("token_stride", [0, 4, -64])
+def test_a_token_stride_later_counts_cannot_use_is_refused(token_stride):
+    """q [1, H, D] whose token stride is 0 (a broadcast), not a multiple of 8 or negative: correct for one
+    token, wrong for the next step's count, which the same plan serves; refused naming q.stride[0]."""
+    with pytest.raises(ArgumentError, match=r"q\.stride\[0\]"):
+        check(total_q=1, heads_q=1, heads_kv=1, head_dim=64, q_strides=(token_stride, 64, 1))
 
 
 def test_an_empty_step_still_encodes():

@@ -33,10 +33,11 @@ sequence's end is loaded from page -1 (out of bounds: zeros); a page id the call
 sequence's last page are masked out of the scores, and the kernel zeroes them in shared memory
 before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.
 
-Tiles of a paged call are enumerated from the device-side lengths (tile_scheduler.RaggedTiles):
-sum over sequences of ceil(s_q / block_m) * H_q work items, so the persistent grid walks only real
-tiles whatever the mix of decode rows and long chunks, and a CUDA graph replayed with other
-lengths stays balanced.
+Tiles of a paged call are enumerated from the device-side lengths (tile_scheduler.RaggedTiles): per
+KV head, ceil(ceil(s_q * group / block_m) / 2) work items of a sequence of at least min_seqlen_q
+queries (a pair of tiles each: GQA-packed rows, the last tile with the first), so the persistent grid
+walks only real tiles whatever the mix of decode rows and long chunks, and a CUDA graph replayed with
+other lengths stays balanced.
 """
 from __future__ import annotations
 

@@ -229,7 +229,7 @@ class SdpaPrefillSm90:
         array of every box's page in each lane spilled the producer's few registers."""
         tok = n * self.bn + lane * self.kv_rows
         pg = Int32(-1)
-        if lane < self.kv_boxes and tok < ctx.s_kv:
+        if lane < self.kv_boxes and tok >= 0 and tok < ctx.s_kv:  # (a tile that sees no block asks for -1)
             pg = ctx.page_table[ctx.pt_row + Int64(tok >> self.log2_page) * ctx.pt_stride_p]
         return pg
 

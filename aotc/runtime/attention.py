@@ -42,7 +42,7 @@ from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
-from .decode import DecodePlan
+from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .plan import Plan, cached_plan, torch_key
 from .prefill import LONG_KV, hopper_candidates
 from .tensors import TensorArg, as_stream, as_tensor
@@ -52,6 +52,7 @@ FAMILY = "sdpa_prefill_sm90"
 DECODE = "sdpa_decode"
 
 ENTRY = "attention"
+PREPARED = object()  # run()'s max_seqlen_q default: the bound the plan was prepared with
 DTYPES = ("fp16", "bf16")
 
 
@@ -132,6 +133,12 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
         V.unit_stride(x, name, 3 if name in ("k_cache", "v_cache") else 2)
         V.aligned(x, name, 16)
         V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
+    # a plan serves other token counts with these strides: the token stride must suit any count
+    for name in ("q", "out"):
+        x = t[name]
+        if q_token_bytes(x) is None:
+            raise ArgumentError(f"{name}.stride[0]", x.strides[0], "a positive multiple of 8 elements below 2^40 bytes "
+                                                                   "(the token stride of every step's count)")
     V.no_self_overlap(o, "out")
     V.no_overlap({"out": o, **({"lse": ls} if ls is not None else {})},
                  {n: x for n, x in tensors.items() if n not in ("out", "lse")})
@@ -148,8 +155,10 @@ def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     elem = element_bytes(dtype)
     group = d.heads_q // d.heads_kv
     q = t["q"]
+    # the token stride is q's own whatever the count (a plan serves later counts with it: checked by
+    # check_attention), never the placeholder of an extent-1 axis
     recipes = {"q": TiledRecipe(dtype, (d.head_dim, d.heads_q, max(1, d.total_q)),
-                                _byte_strides(elem, (q.strides[1], d.heads_q), (q.strides[0], d.total_q)),
+                                (*_byte_strides(elem, (q.strides[1], d.heads_q)), q.strides[0] * elem),
                                 (int(tma["box_cols"]), group, Q_BOX_ROWS // group),
                                 int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))}
     for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
@@ -215,9 +224,17 @@ class AttentionPlan(Plan):
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens)
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
+        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
+        if kernel is None:
+            raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
+                                                     f"(build one: aotc build with layout = \"paged{d.page}\")")
+        # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens) and
+        # its schedule's limits allow (a batch of 32767 sequences or more, over 65535 KV heads: the paged
+        # kernel takes every row)
         decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged"}
-        if not causal or runtime.find(DECODE, device, [decode_kv]) is None:
+        if (not causal or d.batch >= MAX_CHUNK_SLOTS or d.heads_kv > 65535
+                or runtime.find(DECODE, device, [decode_kv]) is None):
             decode_query_len = 0
         self.decode = None
         if decode_query_len:
@@ -225,16 +242,7 @@ class AttentionPlan(Plan):
                                      kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
                                      decode_query_len=decode_query_len)
         self.decode_query_len = decode_query_len
-        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
-        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
-        if kernel is None:
-            raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
-                                                     f"(build one: aotc build with layout = \"paged{d.page}\")")
         recipes = _recipes(kernel, t, d, dtype)
-        # a later step's token count keeps these strides: its Q descriptor steps over tokens with q's (a view
-        # of one token carries its stride as well)
-        if q_token_bytes(t["q"]) is None:
-            raise ArgumentError("q.stride[0]", t["q"].strides[0], "a positive multiple of 8 elements")
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
                                  for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
         self._q_recipe = recipes["q"]
@@ -283,6 +291,7 @@ class AttentionPlan(Plan):
         q0, o0, l0 = self._io
         q_ = dataclasses.replace(q0, shape=(total_q, *q0.shape[1:]))
         o_ = dataclasses.replace(o0, shape=(total_q, *o0.shape[1:]))
+        V.stride_multiple(o_, "out", range(2), 8)
         V.no_self_overlap(o_, "out")
         ls = None
         if l0 is not None:
@@ -298,48 +307,50 @@ class AttentionPlan(Plan):
         return rows
 
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
-            stream: int = 0, max_seqlen_q: int | None = -1) -> None:
-        """One step with new raw pointers for the token count the plan was last given (0 keeps the prepared
-        metadata pointer); max_seqlen_q: this step's bound on its query counts (-1: the prepared one)."""
+            stream: int = 0, max_seqlen_q: int | None | object = PREPARED) -> None:
+        """One step with new raw pointers for the token count the plan was last given (0: the prepared
+        metadata tensor); max_seqlen_q: this step's bound on its query counts (None: no bound; by default
+        the prepared one)."""
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
+        cu, sl, pt = self._prepared
+        cu_seqlens_q, seqlens_kv, page_table = cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
         if any(p & m for p, m in zip(ptrs, self._masks)):
             raise self.misaligned(("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"), ptrs)
         self.check_lse(lse)
         if self.decode is not None:
             self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
-        longer = self._longer if max_seqlen_q == -1 else max_seqlen_q is None or max_seqlen_q > self.decode_query_len
+        longer = (self._longer if max_seqlen_q is PREPARED
+                  else max_seqlen_q is None or max_seqlen_q > self.decode_query_len)
         if self.launcher.empty or not longer:
             return
         data = self._current.descriptor.update(q)
         if data is not None:
             self._q_slot.raw = data
         s = self._slots
-        s[0].value, s[1].value = out, lse
-        if cu_seqlens_q:
-            s[2].value = cu_seqlens_q
-        if seqlens_kv:
-            s[3].value = seqlens_kv
-        if page_table:
-            s[4].value = page_table
+        s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
         self._launch(stream)
 
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
                     page_table: int = 0, stream: int = 0, total_q: int | None = None,
-                    lse_stride_h: int | None = None, max_seqlen_q: int | None = -1) -> None:
+                    lse_stride_h: int | None = None, max_seqlen_q: int | None | object = PREPARED) -> None:
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
-        and lse's head stride; None: as the last call), after checking that out and lse overlap no input."""
-        if total_q is not None and (total_q, lse_stride_h or self._current.lse_stride_h) != (
-                self._total_q, self._current.lse_stride_h):
-            rows = self._rows_for(total_q, lse_stride_h or self._current.lse_stride_h)
+        and lse's head stride; None: as the last call), after checking that out and lse overlap no input;
+        nothing about the plan changes for a call refused."""
+        rows = self._current
+        if total_q is not None:
+            sh = rows.lse_stride_h if lse_stride_h is None else lse_stride_h
+            if (total_q, sh) != (self._total_q, rows.lse_stride_h):
+                rows = self._rows_for(total_q, sh)
+        cu, sl, pt = self._prepared
+        rows.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
+        if rows is not self._current:
             self._current, self._total_q = rows, total_q
             self._q_slot.raw = rows.descriptor.data
             self._lse_h_slot.value = rows.lse_stride_h
             if self.decode is not None:
                 self.decode.set_lse_head_stride(rows.lse_stride_h)
-        cu, sl, pt = self._prepared
-        self._current.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
         self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q)
 
     def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
@@ -374,7 +385,7 @@ def _layout(*recs, rows_free: bool = False) -> tuple:
         elif rows_free and i < 2:
             out.append((r.shape[1:], r.strides, r.dtype, r.device))
         elif rows_free and i == 2:
-            out.append((r.shape[0], r.strides[1], r.dtype, r.device))
+            out.append((r.shape[:1], r.strides[1:], r.dtype, r.device))
         else:
             out.append((r.shape, r.strides, r.dtype, r.device))
     return tuple(out)
@@ -395,11 +406,16 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table)
-    if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
-                                     or max_seqlen_q < 0):
-        raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0: the longest query count of the batch")
+    # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ArgumentError(name, value, "None or an int >= 0: a bound on the step's lengths")
+    if not isinstance(causal, bool):
+        raise ArgumentError("causal", causal, "True or False")
+    if not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool):
+        raise ArgumentError("decode_query_len", decode_query_len, f"an int in [0, {DECODE_MAX_Q}]")
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
-    long_kv = isinstance(max_seqlen_kv, int) and not isinstance(max_seqlen_kv, bool) and max_seqlen_kv >= LONG_KV
+    long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
     scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv)
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
         fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache), scalars)
@@ -416,12 +432,12 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
              (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
     qr, outr, lsr, kr, vr, cur, slr, ptr_ = recs
-    total_q = _total_q(qr, outr, lsr)
     key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
         max_seqlen_kv=max_seqlen_kv if long_kv else None))
+    total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream),
@@ -432,4 +448,4 @@ def _rows_free(seen: tuple) -> tuple:
     """torch_layouts of (q, out, lse, ...) less the token count (see _layout)."""
     q, out, lse, *rest = seen
     return ((q[0][1:], q[1], q[2], q[3]), (out[0][1:], out[1], out[2], out[3]),
-            None if lse is None else (lse[0][0], lse[1][1], lse[2], lse[3]), *rest)
+            None if lse is None else (lse[0][:1], lse[1][1:], lse[2], lse[3]), *rest)

@@ -215,12 +215,10 @@ class DecodePlan(Plan):
         s[0].value = q
         s[1].value = out
         s[2].value = lse
-        if seqlens_kv:
-            s[3].value = seqlens_kv
-        if page_table:
-            s[4].value = page_table
-        if cu_seqlens_q:
-            s[5].value = cu_seqlens_q
+        # 0: the prepared tensor (not the last call's, which the overlap checks no longer see)
+        s[3].value = seqlens_kv or self._sl_ptr
+        s[4].value = page_table or self._pt_ptr
+        s[5].value = cu_seqlens_q or self._cq_ptr
         self._launch(stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:

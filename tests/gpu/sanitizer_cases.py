@@ -142,7 +142,9 @@ def attention_cases(picks=None):
                        for k in rt.kernels.get("sdpa_prefill_sm90", []) if k.variant["layout"].startswith("paged")})
     if picks is not None:
         variants = [v for v in variants if v in picks]
-    seqs = [(1, 1), (4, 17), (0, 50), (130, 130), (1, 16), (0, 0), (200, 2500), (1, 127), (3, 129)]
+    # first a sequence whose queries see no key (s_kv 0): its tiles visit no kv block, and the page table's
+    # row 0 is the allocation's start, so a read before it is past the allocation
+    seqs = [(2, 0), (1, 1), (4, 17), (0, 50), (130, 130), (1, 16), (0, 0), (200, 2500), (1, 127), (3, 129)]
     for dtype, D, page in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         H_q, H_kv = 8, 2
@@ -152,7 +154,7 @@ def attention_cases(picks=None):
             shape = (sum(need) + 1, page, H_kv, D) if layout == "NHD" else (sum(need) + 1, H_kv, page, D)
             k, v = torch.randn(shape, device="cuda", dtype=t), torch.randn(shape, device="cuda", dtype=t)
             perm = torch.randperm(shape[0], device="cuda", dtype=torch.int32)
-            pt = torch.full((len(seqs), width), -1, dtype=torch.int32, device="cuda")
+            pt = torch.full((len(seqs), width), -1, dtype=torch.int32, device="cuda")  # its own allocation
             pos = 0
             for b, n in enumerate(need):
                 pt[b, :n] = perm[pos:pos + n]
