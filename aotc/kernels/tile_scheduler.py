@@ -6,6 +6,16 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 
+@cute.jit
+def snake_order(i, cta, n_ctas):
+    """Item i * n_ctas + cta of a persistent grid's round i, the CTAs reversed in odd rounds (so the CTA
+    that took a round's last item takes the next round's first): the work of unequal items evens out."""
+    pos = cta
+    if i % 2 == 1:
+        pos = n_ctas - 1 - cta
+    return i * n_ctas + pos
+
+
 class PersistentTiles:
     """Host half: aotc.families.schedulers.persistent_grid. A persistent grid of at most one CTA per SM
     walks m_blocks query tiles of each (batch, head), CTA c taking work item i of `rounds`:
@@ -49,10 +59,7 @@ class PersistentTiles:
     @cute.jit
     def snake(self, i, cta, n_ctas):
         """The tile CTA `cta` takes in round i (may be past the last tile: the caller skips it)."""
-        pos = cta
-        if i % 2 == 1:
-            pos = n_ctas - 1 - cta
-        return i * n_ctas + pos
+        return snake_order(i, cta, n_ctas)
 
     @cute.jit
     def work_item(self, i, cta, n_ctas, m_blocks, heads_q, batch, pairs):
@@ -327,10 +334,7 @@ class RaggedTiles:
     @cute.jit
     def item(self, i, cta, n_ctas):
         """CTA cta's i-th work item index (snake order; may be past the last item)."""
-        pos = cta
-        if i % 2 == 1:
-            pos = n_ctas - 1 - cta
-        return i * n_ctas + pos
+        return snake_order(i, cta, n_ctas)
 
     @cute.jit
     def locate(self, t, cu_seqlens_q, batch, group, heads_kv, min_q, lane):
