@@ -104,12 +104,8 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
                           if str(x).startswith("paged"))
     if page not in pages_served:
         raise ArgumentError(f"k_cache.shape[{tok_ax}]", page, f"a page size the loaded kernels serve: {pages_served}")
-    for name, c, n in (("cu_seqlens_q", cuq, None), ("seqlens_kv", sl, None)):
-        V.dtype(c, name, ("int32",))
-        V.ndim(c, name, 1, "B + 1" if name == "cu_seqlens_q" else "B")
-        if c.shape[0] > 1 and c.strides[0] != 1:
-            raise ArgumentError(f"{name}.stride[0]", c.strides[0], "1 (contiguous)")
-        V.aligned(c, name, 4)
+    V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
+    V.int32_vector(sl, "seqlens_kv", "B")
     if cuq.shape[0] < 1:
         raise ArgumentError("cu_seqlens_q.shape[0]", 0, "B + 1 >= 1")
     batch = cuq.shape[0] - 1
@@ -205,18 +201,7 @@ class AttentionPlan(Plan):
         sl = as_tensor(seqlens_kv, "seqlens_kv")
         pt = as_tensor(page_table, "page_table")
         ls = None if lse is None else as_tensor(lse, "lse")
-        if not isinstance(causal, bool):
-            raise ArgumentError("causal", causal, "True or False")
-        if max_seqlen_q is not None and (not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool)
-                                         or max_seqlen_q < 0):
-            raise ArgumentError("max_seqlen_q", max_seqlen_q, "None or an int >= 0: the longest query count of the batch")
-        if max_seqlen_kv is not None and (not isinstance(max_seqlen_kv, int) or isinstance(max_seqlen_kv, bool)
-                                          or max_seqlen_kv < 0):
-            raise ArgumentError("max_seqlen_kv", max_seqlen_kv, "None or an int >= 0: the longest KV length of the batch")
-        if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
-                or not 0 <= decode_query_len <= DECODE_MAX_Q):
-            raise ArgumentError("decode_query_len", decode_query_len, f"an int in [0, {DECODE_MAX_Q}]: sequences of "
-                                                                      "at most this many queries go to the decode kernel")
+        check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
         device = runtime.device()
         d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
         if softmax_scale is None:
@@ -319,8 +304,8 @@ class AttentionPlan(Plan):
         if any(p & m for p, m in zip(ptrs, self._masks)):
             raise self.misaligned(("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"), ptrs)
         self.check_lse(lse)
-        if self.decode is not None:
-            self.decode.run(q, out, lse, seqlens_kv, page_table, stream, cu_seqlens_q)
+        if self.decode is not None and not self.decode.launcher.empty:
+            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
         longer = (self._longer if max_seqlen_q is PREPARED
                   else max_seqlen_q is None or max_seqlen_q > self.decode_query_len)
         if self.launcher.empty or not longer:
@@ -369,6 +354,16 @@ class AttentionPlan(Plan):
                          None if recs[2] is None else recs[2].strides[0])
 
 
+def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len) -> None:
+    """The call's scalar arguments (the one-call path checks them before building its key, the plan when made)."""
+    if not isinstance(causal, bool):
+        raise ArgumentError("causal", causal, "True or False")
+    V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")
+    V.optional_count(max_seqlen_kv, "max_seqlen_kv", "a bound on the step's KV lengths")
+    V.int_in(decode_query_len, "decode_query_len", 0, DECODE_MAX_Q,
+             ": sequences of at most this many queries go to the decode kernel")
+
+
 def q_token_bytes(q: TensorArg) -> int | None:
     """q's token stride in bytes when a TMA descriptor can step with it (whatever the token count), else None."""
     b = q.strides[0] * q.itemsize
@@ -407,13 +402,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     the step's token count."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ArgumentError(name, value, "None or an int >= 0: a bound on the step's lengths")
-    if not isinstance(causal, bool):
-        raise ArgumentError("causal", causal, "True or False")
-    if not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool):
-        raise ArgumentError("decode_query_len", decode_query_len, f"an int in [0, {DECODE_MAX_Q}]")
+    check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
     scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv)

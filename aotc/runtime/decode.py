@@ -211,6 +211,12 @@ class DecodePlan(Plan):
             raise ArgumentError("page_table", hex(page_table), "0 (the plan reads a dense KV cache)")
         if cu_seqlens_q and not self.ragged:
             raise ArgumentError("cu_seqlens_q", hex(cu_seqlens_q), "0 (the plan's queries are [B, S_q, H_q, D])")
+        self.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
+
+    def launch_checked(self, q: int, out: int, lse: int, seqlens_kv: int, page_table: int, cu_seqlens_q: int,
+                       stream: int) -> None:
+        """run()'s launch, for pointers a caller has checked as run() does (AttentionPlan, whose pointer
+        checks are these)."""
         s = self._slots
         s[0].value = q
         s[1].value = out
@@ -279,14 +285,10 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     else:
         V.ndim(q, "q", 3, "total_q, H_q, D")
         V.ndim(o, "out", 3, "total_q, H_q, D")
-        V.dtype(cuq, "cu_seqlens_q", ("int32",))
-        V.ndim(cuq, "cu_seqlens_q", 1, "B + 1")
-        if cuq.shape[0] < 1 or (cuq.shape[0] > 1 and cuq.strides[0] != 1):
-            raise ArgumentError("cu_seqlens_q", (cuq.shape, cuq.strides), "B + 1 >= 1 contiguous int32")
-        V.aligned(cuq, "cu_seqlens_q", 4)
-        if (not isinstance(decode_query_len, int) or isinstance(decode_query_len, bool)
-                or not 1 <= decode_query_len <= MAX_SEQLEN_Q):
-            raise ArgumentError("decode_query_len", decode_query_len, f"an int in [1, {MAX_SEQLEN_Q}]")
+        V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
+        if cuq.shape[0] < 1:
+            raise ArgumentError("cu_seqlens_q.shape[0]", 0, "B + 1 >= 1")
+        V.int_in(decode_query_len, "decode_query_len", 1, MAX_SEQLEN_Q, "")
         batch, seqlen_q = cuq.shape[0] - 1, decode_query_len
         _, heads_q, head_dim = q.shape
     for axis in range(len(q.shape)):
@@ -313,15 +315,9 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     heads = runtime.field_values(FAMILY, "head_dim", device)
     if head_dim not in heads:
         raise ArgumentError("q.shape[3]", head_dim, f"a head dim the loaded kernels cover: {sorted(heads)}")
-    if max_seqlen_kv is not None and (not isinstance(max_seqlen_kv, int) or isinstance(max_seqlen_kv, bool)
-                                      or max_seqlen_kv < 0):
-        raise ArgumentError("max_seqlen_kv", max_seqlen_kv, "None or an int >= 0: the longest KV length a step uses")
-    V.dtype(sl, "seqlens_kv", ("int32",))
-    V.ndim(sl, "seqlens_kv", 1, "B")
+    V.optional_count(max_seqlen_kv, "max_seqlen_kv", "the longest KV length a step uses")
+    V.int32_vector(sl, "seqlens_kv", "B")
     V.dim(sl, "seqlens_kv", 0, "B", batch, "from q")
-    if batch > 1 and sl.strides[0] != 1:
-        raise ArgumentError("seqlens_kv.stride[0]", sl.strides[0], "1 (contiguous)")
-    V.aligned(sl, "seqlens_kv", 4)
     tensors = dict(t, seqlens_kv=sl)
     if pt is not None:
         if f"paged{page}" not in KV_CHOICES:

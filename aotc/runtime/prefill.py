@@ -292,11 +292,7 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
         total_q, heads_q, head_dim = q.shape
         total_kv, heads_kv, _ = k.shape
         for name, c in (("cu_seqlens_q", cuq), ("cu_seqlens_kv", cuk)):
-            V.dtype(c, name, ("int32",))
-            V.ndim(c, name, 1, "B + 1")
-            if c.shape[0] > 1 and c.strides[0] != 1:
-                raise ArgumentError(f"{name}.stride[0]", c.strides[0], "1 (contiguous)")
-            V.aligned(c, name, 4)
+            V.int32_vector(c, name, "B + 1")
         if cuq.shape[0] != cuk.shape[0] or cuq.shape[0] < 1:
             raise ArgumentError("cu_seqlens_kv.shape[0]", cuk.shape[0], f"B + 1 = {cuq.shape[0]} (from cu_seqlens_q), >= 1")
         batch = cuq.shape[0] - 1

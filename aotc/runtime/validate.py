@@ -30,6 +30,27 @@ def int32_extent(value: int, name: str) -> None:
         raise ArgumentError(name, value, f"at most {INT32_MAX} (kernels take 32-bit extents)")
 
 
+def int32_vector(t: TensorArg, name: str, dims: str) -> None:
+    """A contiguous 1-D int32 device vector (lengths, cu_seqlens), 4-byte aligned."""
+    dtype(t, name, ("int32",))
+    ndim(t, name, 1, dims)
+    if t.shape[0] > 1 and t.strides[0] != 1:
+        raise ArgumentError(f"{name}.stride[0]", t.strides[0], "1 (contiguous)")
+    aligned(t, name, 4)
+
+
+def optional_count(value, name: str, what: str) -> None:
+    """None, or an int >= 0 (not a bool): a host-side bound such as max_seqlen_q."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ArgumentError(name, value, f"None or an int >= 0: {what}")
+
+
+def int_in(value, name: str, lo: int, hi: int, what: str) -> None:
+    """An int in [lo, hi] (not a bool)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ArgumentError(name, value, f"an int in [{lo}, {hi}]{what}")
+
+
 def cuda_device(tensors: dict[str, TensorArg], device: int) -> None:
     """Every tensor on `device` (CAI producers report ordinal -1, unknown: accepted)."""
     for name, t in tensors.items():
