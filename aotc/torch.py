@@ -25,7 +25,8 @@ into paged KV-cache pools in place (vLLM's ``reshape_and_cache_flash``).
 
 Outputs: ``out`` has q's shape and dtype; ``lse`` is fp32, natural log: ``[B, H_q, S_q]`` for prefill and
 decode, ``[H_q, total_q]`` for prefill_varlen. Semantics (bottom-right causal alignment, GQA, paged
-layouts) are the runtime's: see ``Runtime.prefill``, ``Runtime.prefill_ragged`` and ``Runtime.decode``.
+layouts) are the runtime's: see ``Runtime.prefill``, ``Runtime.prefill_ragged`` and ``Runtime.decode``. Every
+attention op ends with ``window_left``, ``softcap`` and ``sinks`` (None: off; aotc.runtime.features).
 
 kv_write: key/value ``[tokens, H_kv, D]`` (fp16/bf16, any 16-byte aligned token and head strides, e.g.
 slices of a fused qkv), pools ``[pages, page_size, H_kv, D]`` (``kv_layout="NHD"``) or
@@ -47,25 +48,31 @@ __all__ = ["register", "set_runtime", "get_runtime", "prefill", "prefill_varlen"
 NAMESPACE = "aotc"
 # operator schemas (torch's schema language); the Python signatures below match them
 SCHEMAS = {
-    "prefill": "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)",
+    "prefill": "(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None"
+    ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
     "prefill_out": "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse=None, bool causal=False, "
-                   "float? scale=None) -> ()",
+                   "float? scale=None"
+                   ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     "prefill_varlen": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_kv, SymInt max_seqlen_q, "
-                      "SymInt max_seqlen_kv, bool causal=False, float? scale=None) -> (Tensor out, Tensor lse)",
+                      "SymInt max_seqlen_kv, bool causal=False, float? scale=None"
+                      ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
     "prefill_varlen_out": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_kv, SymInt max_seqlen_q, "
                           "SymInt max_seqlen_kv, Tensor(a!) out, Tensor(b!)? lse=None, bool causal=False, "
-                          "float? scale=None) -> ()",
+                          "float? scale=None"
+                          ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     "decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table=None, "
-              "Tensor(a!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, float? scale=None) "
-              "-> (Tensor out, Tensor lse)",
+              "Tensor(a!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, float? scale=None"
+              ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
     "decode_out": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table, Tensor(a!) out, "
                   "Tensor(b!)? lse=None, Tensor(c!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, "
-                  "float? scale=None) -> ()",
+                  "float? scale=None"
+                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     # the serving entry point: ragged queries (decode rows and prefill chunks together) over a paged KV cache,
     # into the caller's out (and lse): one call per layer per step
     "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor page_table, "
                  "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
-                 "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None) -> ()",
+                 "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None"
+                 ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     "kv_write": "(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
                 "str kv_layout=\"NHD\") -> ()",
 }
@@ -130,55 +137,48 @@ def _on_device(torch, device: int, fn):
 # ---- the kernels behind the ops (CUDA: plans; CPU: the runtime object's one-call methods) ------------------
 # CUDA tensors go through the Runtime's one-call APIs, whose plan cache is keyed by torch layouts (and
 # the caches' pointers): a repeated layout costs a lookup and the per-call pointer checks, no validation.
-def _prefill_into(q, k, v, out, lse, causal, scale):
-    torch, rt = _torch(), get_runtime()
+def _call(torch, q, fn):
+    """fn(stream) on q's device and current torch stream (CUDA), or fn(None) (CPU: the runtime refuses)."""
     if q.is_cuda:
         dev = q.get_device()
-        _on_device(torch, dev, lambda: rt.prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale,
-                                                  stream=_stream(torch, dev)))
+        _on_device(torch, dev, lambda: fn(_stream(torch, dev)))
     else:
-        rt.prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=None)
+        fn(None)
 
 
-def _prefill_varlen_into(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, causal, scale):
+def _prefill_into(q, k, v, out, lse, causal, scale, window_left, softcap, sinks):
     torch, rt = _torch(), get_runtime()
-    if q.is_cuda:
-        dev = q.get_device()
-        _on_device(torch, dev, lambda: rt.prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse,
-                                                         causal=causal, softmax_scale=scale,
-                                                         stream=_stream(torch, dev)))
-    else:
-        rt.prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse, causal=causal, softmax_scale=scale,
-                          stream=None)
+    _call(torch, q, lambda stream: rt.prefill(q, k, v, out, lse, causal=causal, softmax_scale=scale, stream=stream,
+                                              window_left=window_left, softcap=softcap, sinks=sinks))
 
 
-def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale):
+def _prefill_varlen_into(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, causal, scale, window_left, softcap, sinks):
     torch, rt = _torch(), get_runtime()
-    if q.is_cuda:
-        dev = q.get_device()
-        _on_device(torch, dev, lambda: rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
-                                                 kv_layout=kv_layout, chunks=chunks, workspace=workspace,
-                                                 softmax_scale=scale, stream=_stream(torch, dev)))
-    else:
-        rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, kv_layout=kv_layout, chunks=chunks,
-                  workspace=workspace, softmax_scale=scale, stream=None)
+    _call(torch, q, lambda stream: rt.prefill_ragged(q, k, v, out, cu_q, cu_k, int(max_q), int(max_k), lse,
+                                                     causal=causal, softmax_scale=scale, stream=stream,
+                                                     window_left=window_left, softcap=softcap, sinks=sinks))
+
+
+def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
+                 window_left, softcap, sinks):
+    torch, rt = _torch(), get_runtime()
+    _call(torch, q, lambda stream: rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
+                                             kv_layout=kv_layout, chunks=chunks, workspace=workspace,
+                                             softmax_scale=scale, stream=stream, window_left=window_left,
+                                             softcap=softcap, sinks=sinks))
 
 
 def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse=None, max_seqlen_q=None,
-                  causal=True, scale=None, kv_layout="NHD", decode_query_len=1, max_seqlen_kv=None):
+                  causal=True, scale=None, kv_layout="NHD", decode_query_len=1, max_seqlen_kv=None,
+                  window_left=None, softcap=None, sinks=None):
     torch, rt = _torch(), get_runtime()
     max_q = None if max_seqlen_q is None else int(max_seqlen_q)
     max_kv = None if max_seqlen_kv is None else int(max_seqlen_kv)
-    if q.is_cuda:
-        dev = q.get_device()
-        _on_device(torch, dev, lambda: rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table,
-                                                    lse=lse, causal=causal, softmax_scale=scale, kv_layout=kv_layout,
-                                                    max_seqlen_q=max_q, decode_query_len=decode_query_len,
-                                                    max_seqlen_kv=max_kv, stream=_stream(torch, dev)))
-    else:
-        rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=lse, causal=causal,
-                     softmax_scale=scale, kv_layout=kv_layout, max_seqlen_q=max_q, decode_query_len=decode_query_len,
-                     max_seqlen_kv=max_kv, stream=None)
+    _call(torch, q, lambda stream: rt.attention(q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table,
+                                                lse=lse, causal=causal, softmax_scale=scale, kv_layout=kv_layout,
+                                                max_seqlen_q=max_q, decode_query_len=decode_query_len,
+                                                max_seqlen_kv=max_kv, stream=stream, window_left=window_left,
+                                                softcap=softcap, sinks=sinks))
 
 
 def _outputs(q, lse_shape):
@@ -187,37 +187,42 @@ def _outputs(q, lse_shape):
             torch.empty(lse_shape, dtype=torch.float32, device=q.device))
 
 
-def _prefill_op(q, k, v, causal=False, scale=None):
+def _prefill_op(q, k, v, causal=False, scale=None, window_left=None, softcap=None, sinks=None):
     out, lse = _outputs(q, (q.shape[0], q.shape[2], q.shape[1]))
-    _prefill_into(q, k, v, out, lse, causal, scale)
+    _prefill_into(q, k, v, out, lse, causal, scale, window_left, softcap, sinks)
     return out, lse
 
 
-def _prefill_out_op(q, k, v, out, lse=None, causal=False, scale=None):
-    _prefill_into(q, k, v, out, lse, causal, scale)
+def _prefill_out_op(q, k, v, out, lse=None, causal=False, scale=None, window_left=None, softcap=None, sinks=None):
+    _prefill_into(q, k, v, out, lse, causal, scale, window_left, softcap, sinks)
 
 
-def _prefill_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=False, scale=None):
+def _prefill_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal=False, scale=None,
+                       window_left=None, softcap=None, sinks=None):
     out, lse = _outputs(q, (q.shape[1], q.shape[0]))
-    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale,
+                         window_left, softcap, sinks)
     return out, lse
 
 
 def _prefill_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse=None,
-                           causal=False, scale=None):
-    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+                           causal=False, scale=None, window_left=None, softcap=None, sinks=None):
+    _prefill_varlen_into(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale,
+                         window_left, softcap, sinks)
 
 
 def _decode_op(q, k_cache, v_cache, seqlens_kv, page_table=None, workspace=None, kv_layout="NHD", chunks=None,
-               scale=None):
+               scale=None, window_left=None, softcap=None, sinks=None):
     out, lse = _outputs(q, (q.shape[0], q.shape[2], q.shape[1]))
-    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
+                 window_left, softcap, sinks)
     return out, lse
 
 
 def _decode_out_op(q, k_cache, v_cache, seqlens_kv, page_table, out, lse=None, workspace=None, kv_layout="NHD",
-                   chunks=None, scale=None):
-    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+                   chunks=None, scale=None, window_left=None, softcap=None, sinks=None):
+    _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
+                 window_left, softcap, sinks)
 
 
 def _kv_write_op(key, value, k_cache, v_cache, slot_mapping, kv_layout="NHD"):
@@ -294,28 +299,33 @@ def _already_defined(torch) -> bool:
 
 
 # ---- Python entry points ------------------------------------------------------------------------
-def prefill(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None):
+def prefill(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None,
+            window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse) = attention over dense q [B, S_q, H_q, D], k/v [B, S_kv, H_kv, D]: torch.ops.aotc.prefill,
-    or prefill_out into the given out (and lse) buffers."""
+    or prefill_out into the given out (and lse) buffers. window_left, softcap, sinks: Runtime.prefill's."""
     ops = _ops or register()
     if out is None:
-        return ops.prefill(q, k, v, causal, scale)
-    ops.prefill_out(q, k, v, out, lse, causal, scale)
+        return ops.prefill(q, k, v, causal, scale, window_left, softcap, sinks)
+    ops.prefill_out(q, k, v, out, lse, causal, scale, window_left, softcap, sinks)
     return out, lse
 
 
 def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int, max_seqlen_kv: int, *,
-                   causal: bool = False, scale: float | None = None, out=None, lse=None):
+                   causal: bool = False, scale: float | None = None, out=None, lse=None,
+                   window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse [H_q, total_q]) over packed tokens q [total_q, H_q, D] with int32 cu_seqlens [B + 1]."""
     ops = _ops or register()
     if out is None:
-        return ops.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal, scale)
-    ops.prefill_varlen_out(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale)
+        return ops.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal, scale,
+                                  window_left, softcap, sinks)
+    ops.prefill_varlen_out(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale,
+                           window_left, softcap, sinks)
     return out, lse
 
 
 def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, kv_layout: str = "NHD",
-           chunks: int | None = None, scale: float | None = None, out=None, lse=None):
+           chunks: int | None = None, scale: float | None = None, out=None, lse=None,
+           window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse) for q [B, S_q<=16, H_q, D] over a paged (NHD/HND) or dense KV cache: torch.ops.aotc.decode,
     or decode_out into the given out (and lse) buffers.
 
@@ -326,14 +336,17 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
     """
     ops = _ops or register()
     if out is None:
-        return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale)
-    ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale)
+        return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale,
+                          window_left, softcap, sinks)
+    ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
+                   window_left, softcap, sinks)
     return out, lse
 
 
 def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=None, lse=None,
               max_seqlen_q: int | None = None, causal: bool = True, scale: float | None = None,
-              kv_layout: str = "NHD", decode_query_len: int = 1, max_seqlen_kv: int | None = None):
+              kv_layout: str = "NHD", decode_query_len: int = 1, max_seqlen_kv: int | None = None,
+              window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse) for ragged q [total_q, H_q, D] (cu_seqlens_q int32 [B + 1]: decode rows and prefill chunks
     alike) over a paged KV cache (seqlens_kv: full lengths, new tokens included; page_table int32
     [B, max_pages]), bottom-right causal per sequence: torch.ops.aotc.attention into out (allocated when None;
@@ -342,7 +355,7 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     if out is None:
         out = _torch().empty_like(q)
     ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
-                  kv_layout, decode_query_len, max_seqlen_kv)
+                  kv_layout, decode_query_len, max_seqlen_kv, window_left, softcap, sinks)
     return out, lse
 
 

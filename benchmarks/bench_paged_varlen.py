@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import aotc.runtime
     import aotc.torch
-    from benchmarks.bench_runtime import import_fa3, result_header
+    from benchmarks.bench_runtime import dist_version, import_fa3, result_header
 
     fa3 = import_fa3() if args.fa3 else None
     rt = aotc.runtime.load(args.bundle)
@@ -417,22 +417,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
     rows += host_rows(rt, fa3, calls, seed=100)
     result = {**result_header("benchmarks/bench_paged_varlen.py", sys.argv[1:] if argv is None else argv),
-              "fa3": _version("fa3-fwd") if fa3 is not None else None,
+              "fa3": dist_version("fa3-fwd") if fa3 is not None else None,
               "shape": {"dtype": "bf16", "D": D, "H_q": H_Q, "H_kv": H_KV, "page": PAGE, "kv_layout": "NHD"},
               "rounds": rounds, "rows": rows}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "paged_varlen.json").write_text(json.dumps(result, indent=1))
     print_table(rows)
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 def print_table(rows: list[dict]) -> None:

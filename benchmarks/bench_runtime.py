@@ -74,6 +74,16 @@ def result_header(script: str, args: list[str] | None = None) -> dict:
             "command": " ".join(["python", script, *(sys.argv[1:] if args is None else args)])}
 
 
+def dist_version(dist: str) -> str | None:
+    """The installed version of a distribution (e.g. the fa3-fwd wheel), None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def load_baselines(paths: list[str]) -> dict:
     """--baseline-bundle runtimes by contender name: 'base', 'base2', 'base3', ... in the order given. A
     bundle of an earlier aotc whose parameter lists differ only by the pointee alignments this one records

@@ -55,10 +55,19 @@ def load_prefill_runtime(path: str):
     from aotc.runtime import Runtime
     from aotc.storage.bundle import read_bundle
 
+    from aotc.families.features import FEATURES
+
     class OldListRuntime(Runtime):
         def _fits(self, k) -> bool:  # the header is checked (k.artifact); the parameter list is the cubin's own
             k.artifact
             return True
+
+        def _first_match(self, family, archs, candidates):
+            # a bundle from before the score features: its variants have no feature fields, and are the
+            # kernels without them (a plan's feature parameters are not written into their older lists)
+            plain = [{f: v for f, v in c.items() if not (f in FEATURES and v is False)} for c in candidates
+                     if not any(c.get(f) for f in FEATURES)]
+            return super()._first_match(family, archs, plain)
 
     arts = []
     for a in read_bundle(path, other_sources=True).artifacts:

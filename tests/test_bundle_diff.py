@@ -141,3 +141,34 @@ def test_a_bundle_made_before_keys_recorded_their_parts_is_diffed_but_not_served
         sorted((a.variant for a in real_artifacts), key=lambda v: v.name)
     assert main(["bundle", "diff", str(path_old), str(path_new)]) == 0  # same kernels; only the keys differ
     assert f"{len(real_artifacts)} identical" in capsys.readouterr().out
+
+
+def test_a_field_the_family_gained_since_pairs_the_old_kernels_with_the_new(tmp_path, real_artifacts, monkeypatch,
+                                                                           capsys):
+    """A bundle written before its family gained a defaulted field (the score features: off) still reads,
+    and diff pairs each old kernel with the one now named with the field at its default."""
+    from aotc import families
+    from aotc.common import checks
+    from aotc.common.variant import Variant
+
+    fam = families.get_family("sdpa_combine")
+    gained = dataclasses.replace(fam, fields=fam.fields + (families.Field("extra", (False, True), "a new field",
+                                                                          unlisted=(False,)),))
+    monkeypatch.setitem(families._FAMILIES, "sdpa_combine", gained)
+    checks._choices.cache_clear()
+    monkeypatch.setattr(checks, "_choices", checks._choices.__wrapped__)  # no stale choices after the test
+    old = tmp_path / "old.aotc"
+    write_bundle(old, real_artifacts)
+    renamed = [_from_other_sources(a, variant=Variant.make(a.variant.family, a.variant.arch,
+                                                           **dict(a.variant.fields), extra=False))
+               for a in real_artifacts]
+    new = tmp_path / "new.aotc"
+    write_bundle(new, renamed)
+    d = diff_bundles(old, new)
+    assert d.same and not d.only_a and not d.only_b and len(d.identical) == len(real_artifacts)
+    assert all(".extra=0" in n for n in d.identical)
+    # a field without a single default may not be missing
+    with pytest.raises(checks.Refused, match="missing"):
+        checks.check_variant(Variant.make("sdpa_combine", "sm_90a", dtype="bf16", head_dim=128, extra=False))
+    assert main(["bundle", "diff", str(old), str(new)]) == 0
+    capsys.readouterr()

@@ -197,7 +197,8 @@ def test_list_why_not_explains_the_pruned_page_sizes(tmp_path, capsys):
     assert "1 variants (0 cached), 3 pruned" in out and "layout=paged16" in out
     for page in (32, 64, 128):
         assert (f"pruned sdpa_prefill_sm90 arch=sm_90a dtype=bf16 head_dim=256 layout=paged{page} causal=True "
-                f"block_n=80: paged{page}: a kv block of 80 keys is not whole pages") in out
+                f"block_n=80 window=False softcap=False sinks=False: paged{page}: a kv block of 80 keys is not "
+                "whole pages") in out
     assert main(["list", str(spec), "--why-not", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["variant"]["layout"] for r in doc["variants"]] == ["paged16"]

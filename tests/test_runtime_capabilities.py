@@ -73,7 +73,8 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert d["page_sizes"] == [16, 32, 64, 128]
     assert d["layouts"] == ["dense", "paged16", "paged32", "paged64", "paged128"]
     assert d["kv_layouts"] == ["NHD", "HND"] and d["causal"] == [True] and d["lse"] is True
-    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 30)]
+    # 30 plain kernels and 5 with score features (gpt-oss, Gemma 2, Mistral)
+    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 35)]
     c = eps["combine"]
     assert c["dtypes"] == ["bf16", "fp16", "fp32"] and c["head_dims"] == [64, 128, 256] and c["causal"] == []
     assert c["fields"]["strides"] == ["general", "packed"] and c["lse"] is True
@@ -81,9 +82,12 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert a["supported"] and a["dtypes"] == ["bf16", "fp16"] and a["head_dims"] == [64, 128, 256]
     assert a["page_sizes"] == [16, 32, 64, 128] and a["kv_layouts"] == ["NHD", "HND"] and a["causal"] == [True]
     # its decode rows' kernel is listed, out of the summary (the paged kernel decides what is served)
-    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 20),
-                                                                                ("sdpa_decode", "sm_90", 24)]
-    assert a["kernels"] == 20 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
+    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 26),
+                                                                                ("sdpa_decode", "sm_90", 29)]
+    assert a["kernels"] == 26 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
+    # the score features are reported as the fields they are, on every attention entry point
+    for e in (a, d, eps["prefill"], eps["prefill_ragged"]):
+        assert all(e["fields"][f] == [False, True] for f in ("window", "softcap", "sinks")), e["fields"]
     w = eps["kv_write"]
     assert w["supported"] and w["dtypes"] == ["bf16", "fp16"] and w["head_dims"] == [64, 128, 256]
     assert sorted((g["head_dim"], g["layout"]) for g in a["gaps"]) == sorted(

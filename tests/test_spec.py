@@ -24,13 +24,34 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6
+    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8
     assert len(set(s.variants)) == len(s.variants)
+    # the score features: off unless listed; on, the combinations today's models use (bf16, causal)
+    featured = {(v.family, v["head_dim"], v["layout"], tuple(f for f in ("window", "softcap", "sinks") if v[f]))
+                for v in s.variants if v.family != "sdpa_combine" and v.family != "kv_write"
+                and (v["window"] or v["softcap"] or v["sinks"])}
+    sm90 = {(d, layout, feats) for d, feats in ((64, ("sinks",)), (64, ("window", "sinks")), (256, ("softcap",)),
+                                                (256, ("window", "softcap")), (128, ("window",)))
+            for layout in ("dense", "ragged", "paged16")} | {(128, "dense", ("softcap",))}
+    decode = {(d, layout, feats) for d, feats in ((64, ("sinks",)), (64, ("window", "sinks")), (256, ("softcap",)),
+                                                  (256, ("window", "softcap")), (128, ("window",)))
+              for layout in ("dense", "ragged")}
+    portable = {(128, layout, feats) for layout in ("dense", "ragged")
+                for feats in (("window",), ("softcap",), ("sinks",), ("window", "softcap", "sinks"))}
+    assert featured == ({("sdpa_prefill_sm90", *x) for x in sm90} | {("sdpa_decode", *x) for x in decode}
+                        | {("sdpa_prefill", *x) for x in portable})
+    # D128 at both kv tiles (as its plain kernels), the rest at their head dim's one
+    assert {v["block_n"] for v in s.variants if v.family == "sdpa_prefill_sm90" and v["head_dim"] == 128
+            and (v["window"] or v["softcap"])} == {128, 176}
+    assert all(v["dtype"] == "bf16" and v.get("causal", True) for v in s.variants
+               if v.family not in ("sdpa_combine", "kv_write") and (v["window"] or v["softcap"] or v["sinks"]))
+    plain = [v for v in s.variants if v.family in ("sdpa_combine", "kv_write")
+             or not (v["window"] or v["softcap"] or v["sinks"])]
     combine = [v for v in s.variants if v.family == "sdpa_combine"]
-    prefill = [v for v in s.variants if v.family == "sdpa_prefill"]
-    hopper = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and not v["layout"].startswith("paged")]
-    paged = [v for v in s.variants if v.family == "sdpa_prefill_sm90" and v["layout"].startswith("paged")]
-    decode = [v for v in s.variants if v.family == "sdpa_decode"]
+    prefill = [v for v in plain if v.family == "sdpa_prefill"]
+    hopper = [v for v in plain if v.family == "sdpa_prefill_sm90" and not v["layout"].startswith("paged")]
+    paged = [v for v in plain if v.family == "sdpa_prefill_sm90" and v["layout"].startswith("paged")]
+    decode = [v for v in plain if v.family == "sdpa_decode"]
     kv_write = [v for v in s.variants if v.family == "kv_write"]
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(

@@ -145,7 +145,8 @@ def test_importing_aotc_torch_does_not_import_torch():
             "print(torch.ops.aotc.prefill.default._schema)\n")
     r = subprocess.run([sys.executable, "-c", code], env=aotc_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().startswith("aotc::prefill(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None)")
+    assert r.stdout.strip().startswith("aotc::prefill(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+                                       "int? window_left=None, float? softcap=None, Tensor? sinks=None)")
 
 
 def test_ops_are_registered_with_their_schemas():

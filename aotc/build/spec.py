@@ -116,7 +116,7 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
         lists = []
         for f in fam.fields:
             values = _as_list(table.get(f.name), f"{ctx}: {f.name}")
-            values = list(f.choices) if values is None else values
+            values = list(f.choices if f.unlisted is None else f.unlisted) if values is None else values
             for v in values:
                 if v not in f.choices or type(v) is not type(f.choices[0]):
                     raise SpecError(f"{ctx}: {f.name} = {v!r} is not one of {list(f.choices)}")

@@ -73,12 +73,16 @@ def check_variant(variant) -> None:
         raise Refused(f"family {fam.name} has no arch {variant.arch!r} (supports {list(fam.archs)})")
     names = [f.name for f in fam.fields]
     got = [k for k, _ in variant.fields]
-    if sorted(got) != sorted(names):
+    # a field the family gained since the record was written, whose one unlisted value (aotc.families.Field) is
+    # what every kernel did before it (the score features: off), may be missing: such a kernel is what it
+    # says (bundle diff pairs it with with_defaults()), and its older parameter list keeps it from serving
+    added = {f.name for f in fam.fields if f.unlisted is not None and len(f.unlisted) == 1}
+    if sorted(got) != sorted(names) and not (set(got) <= set(names) and set(names) - set(got) <= added):
         unknown, missing = sorted(set(got) - set(names)), sorted(set(names) - set(got))
         raise Refused(f"variant fields of {fam.name} are {names}; "
                       + "; ".join(x for x in (f"unknown: {unknown}" if unknown else "",
                                              f"missing: {missing}" if missing else "") if x))
-    values = dict(variant.fields)
+    values = dict(with_defaults(variant).fields)
     allowed = _choices(fam.name)
     for name, v in variant.fields:
         if (type(v), v) not in allowed[name]:
@@ -86,6 +90,21 @@ def check_variant(variant) -> None:
     reason = fam.why_invalid(values)
     if reason is not None:
         raise Refused(f"{variant.name} is not a valid {fam.name} variant: {reason}")
+
+
+def with_defaults(variant):
+    """The variant with every field its family gained since it was recorded (see check_variant) at that
+    field's one unlisted value: the record this aotc would write for the same kernel."""
+    from .variant import Variant
+
+    try:
+        fam = get_family(variant.family)
+    except KeyError:
+        return variant
+    have = dict(variant.fields)
+    missing = {f.name: f.unlisted[0] for f in fam.fields
+               if f.name not in have and f.unlisted is not None and len(f.unlisted) == 1}
+    return Variant.make(variant.family, variant.arch, **have, **missing) if missing else variant
 
 
 def _check_family_rules(art: Artifact) -> None:

@@ -23,6 +23,8 @@ class Field:
     name: str
     choices: tuple[Any, ...]
     doc: str
+    # the choices a spec that leaves the field out takes (None: all of them)
+    unlisted: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class Family:
         # module (compile helper, masks, softmax, MMA blocks, schedulers); not the other families' files,
         # so adding or editing a family rebuilds nothing else
         others = {f"{name}.py" for name in (*_MODULES, *_FAMILIES) if name != self.name}
-        files = [here / f"{self.name}.py", common / "abi.py", common / "cubin.py",
+        # (features.py, the score features' fields and parameters, is shared like a kernel module)
+        files = [here / f"{self.name}.py", here / "features.py", common / "abi.py", common / "cubin.py",
                  *sorted(p for p in kernels.glob("*.py") if p.name not in others)]
         for path in files:
             h.update(path.name.encode() + b"\0")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from ..common.abi import LaunchFacts, Param, has_grid_dependency_control, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
+from .features import FEATURE_FIELDS, FEATURE_PARAMS
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
@@ -98,6 +99,7 @@ PARAMS: tuple[Param, ...] = (
              "v_stride_page", "v_stride_token", "v_stride_head", "o_stride_b", "o_stride_s", "o_stride_h",
              "lse_stride_b", "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p",
              "op_stride_chunk", "op_stride_s", "op_stride_h", "lp_stride_chunk", "lp_stride_h", "lp_stride_s"),
+    *FEATURE_PARAMS,
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -135,8 +137,8 @@ FAMILY = register(Family(
         Field("layout", ("dense", "ragged"), "Q/O [B, S_q, H_q, D]; or ragged [total_q, H_q, D] with cu_seqlens_q, "
                                              "serving the sequences of 1 .. seqlen_q queries (the decode rows of "
                                              "Runtime.attention; the paged prefill kernel takes the others)"),
-    ),
-    why_invalid=lambda values: None,
+    ) + FEATURE_FIELDS,
+    why_invalid=lambda values: None,  # decode is causal: every feature combination is served
     params=lambda v: PARAMS,
     launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_decode",

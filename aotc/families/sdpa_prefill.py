@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
+from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ PARAMS: tuple[Param, ...] = (
     *scalars("i64", "q_stride_b", "q_stride_s", "q_stride_h", "k_stride_b", "k_stride_s", "k_stride_h",
              "v_stride_b", "v_stride_s", "v_stride_h", "o_stride_b", "o_stride_s", "o_stride_h",
              "lse_stride_b", "lse_stride_h", "lse_stride_s"),
+    *FEATURE_PARAMS,
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -88,8 +90,8 @@ FAMILY = register(Family(
     archs=ARCHS,
     fields=ATTENTION_FIELDS + (
         Field("strides", ("general", "packed"), "general Int64 strides, or packed contiguous BSHD (dense only)"),
-    ),
-    why_invalid=_why_invalid,
+    ) + FEATURE_FIELDS,
+    why_invalid=chain(_why_invalid, why_invalid_features),
     params=lambda v: PARAMS,
     launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_prefill",

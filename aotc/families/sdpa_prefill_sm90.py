@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
+from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
 from .sdpa_prefill import ATTENTION_FIELDS
 
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
@@ -141,6 +142,7 @@ PARAMS: tuple[Param, ...] = (
     Param("softmax_scale", "f32"),
     *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s",
              "pt_stride_b", "pt_stride_p"),
+    *FEATURE_PARAMS,
 )
 
 ARCHS = ("sm_90a",)
@@ -194,8 +196,8 @@ FAMILY = register(Family(
                  Field("layout", LAYOUTS, f.doc + "; pagedP: ragged Q over paged K/V pools of page size P")
                  for f in ATTENTION_FIELDS) + (
         Field("block_n", BLOCK_N, "keys per kv block (the tile table pairs each head dim with its tuned widths)"),
-    ),
-    why_invalid=_why_invalid,
+    ) + FEATURE_FIELDS,
+    why_invalid=chain(_why_invalid, why_invalid_features),
     params=lambda v: PARAMS,
     launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_prefill_sm90",

@@ -89,8 +89,8 @@ from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAM
                                     launch_facts, tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .tile_scheduler import KvChunks
-from .mask import mask_columns
-from .softmax import LN_2, LOG2_E, NEG_INF, quad_allreduce, softmax_row
+from .mask import mask_columns, mask_columns_between
+from .softmax import LN_2, LOG2_E, NEG_INF, ScoreScale, quad_allreduce, softcap_row, softmax_row, with_sink
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms,
                        make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
 
@@ -134,6 +134,8 @@ class SdpaDecode:
         # ragged: Q/O [total_q, H_q, D] with cu_seqlens_q; a sequence of 1 .. seqlen_q queries is served, any
         # other is left to the kernel that takes longer ones (the serving entry point's decode rows)
         self.RAGGED = variant["layout"] == "ragged"
+        # score features (aotc.families.features): compiled in or not, their values are parameters
+        self.WINDOW, self.SOFTCAP, self.SINKS = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
         self.PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
         self.N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
         self.LOG2_P = page.bit_length() - 1 if PAGED else 0
@@ -158,7 +160,7 @@ class SdpaDecode:
         if self.smem_size != smem:
             raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {smem}")
         self.SharedStorage = SharedStorage
-        self.schedule = KvChunks(BN, MIN_CHUNK_BLOCKS, page, self.RAGGED)
+        self.schedule = KvChunks(BN, MIN_CHUNK_BLOCKS, page, self.RAGGED, self.WINDOW)
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
@@ -166,7 +168,7 @@ class SdpaDecode:
     def pointee_types(self) -> dict:
         return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
                 "o_partial": Float32, "lse_partial": Float32, "counters": Int32, "page_table": Int32,
-                "seqlens_kv": Int32, "cu_seqlens_q": Int32}
+                "seqlens_kv": Int32, "cu_seqlens_q": Int32, "sinks": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -320,12 +322,17 @@ class SdpaDecode:
         row_sum = ctx.row_sum
         scale_log2 = ctx.scale_log2
         if cutlass.const_expr(masked):
-            # key j = lo + n*BN + wn*KW + c of row r is visible iff j < row_lim[r] (>= lo always)
+            # key j = lo + n*BN + wn*KW + c of row r is visible iff j < row_lim[r] (and, windowed, j >= row_lo[r])
             col0 = thr_mma.partition_C(cS)[0][1]
             key0 = ctx.lo + n * self.BN + wn * self.KW + col0
         for r in cutlass.range_constexpr(2):
+            if cutlass.const_expr(self.SOFTCAP):
+                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
             if cutlass.const_expr(masked):
-                mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
+                if cutlass.const_expr(self.WINDOW):
+                    mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
+                else:
+                    mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             for h in cutlass.range_constexpr(self.N_CHUNKS):
                 O_mn = acc_mn_view(ctx.acc_O[h])
@@ -424,14 +431,18 @@ class SdpaDecode:
                         mbase + cute.assume(self.ML_FLOATS + (w * _ROWS + row) * self.ACC_LD + c0, divby=VEC),
                         cute.make_layout(VEC))
                     acc.store(acc.load() + src.load() * e)
-                inv = Float32(0.0)
-                lse_v = Float32(NEG_INF)  # no visible key: O = 0, LSE = -inf
-                if total > Float32(0.0):
-                    inv = Float32(1.0) / total
-                    lse_v = (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
-                res = acc.load() * inv
                 i = rr // ctx.group
                 h = ctx.kvh * ctx.group + (rr - i * ctx.group)
+                factor = Float32(1.0)
+                if cutlass.const_expr(self.SINKS):
+                    if ctx.n_seq == 1:  # the sink joins the final softmax only (a split's partials go without)
+                        m_s, total, factor = with_sink(m_s, total, ctx.sinks[h] * Float32(LOG2_E))
+                inv = Float32(0.0)
+                lse_v = Float32(NEG_INF)  # no visible key (and no sink): O = 0, LSE = -inf
+                if total > Float32(0.0):
+                    inv = factor / total
+                    lse_v = (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+                res = acc.load() * inv
                 if ctx.n_seq > 1:
                     off = (Int64(ctx.chunk) * ctx.op_stride_chunk
                            + Int64(i) * ctx.op_stride_s + Int64(h) * ctx.op_stride_h + Int64(c0))
@@ -541,11 +552,15 @@ class SdpaDecode:
                 m = m_new
             m_s = Float32(0.0) if m == Float32(NEG_INF) else m
             if valid:
+                m_l2 = m_s * Float32(LOG2_E)
+                factor = Float32(1.0)
+                if cutlass.const_expr(self.SINKS):  # the sink joins the merged softmax, once
+                    m_l2, total, factor = with_sink(m_l2, total, ctx.sinks[h] * Float32(LOG2_E))
                 inv = Float32(0.0)
-                lse_v = Float32(NEG_INF)  # no visible key in any split: O = 0, LSE = -inf
+                lse_v = Float32(NEG_INF)  # no visible key in any split (and no sink): O = 0, LSE = -inf
                 if total > Float32(0.0):
-                    inv = Float32(1.0) / total
-                    lse_v = m_s + cute.math.log2(total, fastmath=True) * Float32(LN_2)
+                    inv = factor / total
+                    lse_v = (m_l2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
                 off = self.o_offset(ctx, i, h) + Int64(lane * MERGE_VEC)
                 dst = cute.make_tensor(o + cute.assume(off, divby=MERGE_VEC), cute.make_layout(MERGE_VEC))
                 dst.store((acc.load() * inv).to(self.dtype))
@@ -570,6 +585,7 @@ class SdpaDecode:
         pt_stride_b: Int64, pt_stride_p: Int64,
         op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         if cutlass.const_expr(self.PDL):
             # a kernel the caller launches next as a programmatic dependent (e.g. the output projection,
@@ -588,7 +604,7 @@ class SdpaDecode:
 
         # ------------------------------------------------------------ this chunk's sequence and kv range
         bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot = self.schedule.locate(
-            seqlens_kv, batch, max_pages, target_chunks, chunk, Int32(tidx) & 31, cu_seqlens_q, seqlen_q)
+            seqlens_kv, batch, max_pages, target_chunks, chunk, Int32(tidx) & 31, cu_seqlens_q, seqlen_q, window_left)
         if bidx >= 0:  # past the last chunk: nothing to do (uniform over the CTA)
             q_row0 = Int32(0)
             s_q = seqlen_q
@@ -603,7 +619,7 @@ class SdpaDecode:
                     lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
                     op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
                     Int32(tidx), col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-                    group, group * s_q, kvh, row_tile, row_tiles, q_row0)
+                    group, group * s_q, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap)
 
     @cute.jit
     def attend(self, q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
@@ -612,7 +628,7 @@ class SdpaDecode:
                lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
                op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
                tidx, col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-               group, n_rows, kvh, row_tile, row_tiles, q_row0):
+               group, n_rows, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap):
         """The CTA's work on its chunk: keys [lo, hi) of sequence bidx (seqlen_q queries, the first at row
         q_row0 of a ragged Q) for its (KV head, row tile)."""
         n_blocks = Int32(0)
@@ -623,6 +639,14 @@ class SdpaDecode:
         n_unmasked = Int32(0)
         if lim_all > lo:
             n_unmasked = (lim_all - lo) // self.BN
+        # windowed: blocks below the last query's first key, s_kv - 1 - window_left, hold keys some row's
+        # window leaves out (masked); the blocks n_left .. n_plain - 1 need no mask
+        n_left = Int32(0)
+        if cutlass.const_expr(self.WINDOW):
+            first_all = s_kv - 1 - window_left
+            if first_all > lo:
+                n_left = cutlass.min((first_all - lo + (self.BN - 1)) // self.BN, n_blocks)
+        n_plain = cutlass.max(n_left, n_unmasked)
 
         storage = SmemAllocator().allocate(self.SharedStorage)
         tiled_mma = make_warp_mma(self.dtype, 1)
@@ -646,7 +670,7 @@ class SdpaDecode:
             op_stride_chunk=op_stride_chunk, op_stride_s=op_stride_s, op_stride_h=op_stride_h,
             lp_stride_chunk=lp_stride_chunk, lp_stride_h=lp_stride_h, lp_stride_s=lp_stride_s,
             write_lse=write_lse,
-            scale_log2=softmax_scale * Float32(LOG2_E),
+            sinks=sinks,
             sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
             q_layout=smem_tile_layout(_ROWS, self.D),
@@ -659,6 +683,8 @@ class SdpaDecode:
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
         )
+        score = ScoreScale(softmax_scale, softcap, self.SOFTCAP)
+        ctx.scale_log2, ctx.cap_in, ctx.cap_out = score.scale_log2, score.cap_in, score.cap_out
         if cutlass.const_expr(self.PAGED):
             ctx.pg = cute.make_rmem_tensor((self.N_PG,), Int32)
         # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums
@@ -678,18 +704,25 @@ class SdpaDecode:
         t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
         row0 = thr_mma0.partition_C(cS)[0][0]
         row_lim = cute.make_rmem_tensor((2,), Int32)
+        row_lo = cute.make_rmem_tensor((2,), Int32)  # windowed: the row's first key
         for r in cutlass.range_constexpr(2):
             i_r = (row_tile * _ROWS + row0 + t0ScS_mn[r, 0][0]) // group
             row_lim[r] = cutlass.min(hi, s_kv - seqlen_q + 1 + i_r)
+            row_lo[r] = s_kv - seqlen_q + i_r - window_left
         ctx.row_lim = row_lim
+        ctx.row_lo = row_lo
 
         self.prologue(ctx)
-        for t in cutlass.range(n_unmasked, unroll=1):
-            self.k_step(ctx, t, False)
-            self.v_step(ctx, t)
-        for t in cutlass.range(n_blocks - n_unmasked, unroll=1):
-            self.k_step(ctx, n_unmasked + t, True)
-            self.v_step(ctx, n_unmasked + t)
+        if cutlass.const_expr(self.WINDOW):
+            for t in cutlass.range(n_left, unroll=1):
+                self.k_step(ctx, t, True)
+                self.v_step(ctx, t)
+        for t in cutlass.range(n_plain - n_left, unroll=1):
+            self.k_step(ctx, n_left + t, False)
+            self.v_step(ctx, n_left + t)
+        for t in cutlass.range(n_blocks - n_plain, unroll=1):
+            self.k_step(ctx, n_plain + t, True)
+            self.v_step(ctx, n_plain + t)
         self.epilogue(ctx)
 
     @cute.jit
@@ -709,6 +742,7 @@ class SdpaDecode:
         pt_stride_b: Int64, pt_stride_p: Int64,
         op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         # The real launch is done by the aotc runtime; this one only makes the module well formed,
         # with the same block and dynamic smem.
@@ -726,6 +760,7 @@ class SdpaDecode:
             pt_stride_b, pt_stride_p,
             op_stride_chunk, op_stride_s, op_stride_h,
             lp_stride_chunk, lp_stride_h, lp_stride_s,
+            sinks, window_left, softcap,
         ).launch(
             grid=[heads_kv * row_tiles, target_chunks + batch, 1],
             block=[_THREADS, 1, 1],

@@ -62,9 +62,10 @@ from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill import PARAMS, TILES, Tile, launch_facts, smem_bytes
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
-from .mask import kv_block_range, mask_row, score_limits
+from .mask import kv_block_range, kv_loop_segments, mask_row, score_limits
 from .seqlen import seq_bounds
-from .softmax import LOG2_E, MAX_SLACK_LOG2, NEG_INF, normalize_rows, rescale_rows, softmax_row, store_lse_rows
+from .softmax import (LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, normalize_rows, rescale_rows, softcap_row, softmax_row,
+                      store_lse_rows)
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, check_accumulator_views, gemm_ldmatrix,
                        ldmatrix_atoms, make_g2s, make_s2g, make_warp_mma, opaque_i32, run_traced,
                        smem_tile_layout)
@@ -90,6 +91,8 @@ class SdpaPrefill:
         self.D = D = int(variant["head_dim"])
         self.ragged = ragged = variant["layout"] == "ragged"
         self.causal = variant["causal"]
+        # score features (aotc.families.features): compiled in or not, their values are parameters
+        self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
         self.packed = packed = variant["strides"] == "packed"
         self.tile = tile or TILES[D]
         self.bm, self.bn, self.warps = bm, bn, warps = self.tile.block_m, self.tile.block_n, self.tile.warps
@@ -118,7 +121,7 @@ class SdpaPrefill:
 
     def pointee_types(self) -> dict:
         return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
-                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32}
+                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "sinks": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -204,10 +207,11 @@ class SdpaPrefill:
         # S = Q K^T; the next k-slice's fragments are loaded while the current one multiplies
         gemm_ldmatrix(tiled_mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
 
-        # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (entirely in bounds)
+        # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (entirely in bounds), unless n is the
+        # loop's last block (n_min: 0, or the first block of the window)
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        if n > 0:
+        if n > ctx.n_min:
             self.load_kv_tile(ctx, tid, ctx.gK, sK, n - 1, False)
         cute.arch.cp_async_commit_group()
 
@@ -229,8 +233,10 @@ class SdpaPrefill:
             alpha = cute.make_rmem_tensor((cute.size(row_max),), Float32)
             changed = False
         for r in cutlass.range_constexpr(cute.size(row_max)):
+            if cutlass.const_expr(self.softcap):
+                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
             if cutlass.const_expr(masked):
-                mask_row(S_mn, r, t0ScS_mn, key_lim, causal_lim, self.causal)
+                mask_row(S_mn, r, t0ScS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
             if cutlass.const_expr(self.lazy_rescale):
                 alpha[r] = softmax_row(S_mn, row_max, row_sum, r, scale_log2, MAX_SLACK_LOG2)
                 changed = changed | (alpha[r] != Float32(1.0))
@@ -279,7 +285,11 @@ class SdpaPrefill:
         n_rows = cute.size(row_max)
         O_mn = acc_mn_view(acc_O)
         lse_r = cute.make_rmem_tensor((n_rows,), Float32)
-        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r)
+        sink_log2 = None
+        if cutlass.const_expr(self.sinks):  # every row of the tile is of one query head
+            sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
+            sink_log2.fill(ctx.sinks[ctx.head] * Float32(LOG2_E))
+        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
 
         # every cp.async retired (the Q tile too when no kv block ran), every warp done with sQ
         cute.arch.cp_async_wait_group(0)
@@ -324,6 +334,7 @@ class SdpaPrefill:
         v_stride_b: Int64, v_stride_s: Int64, v_stride_h: Int64,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, bidx = cute.arch.block_idx()
@@ -408,9 +419,11 @@ class SdpaPrefill:
                 s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
                 s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
                 r2s=cute.make_tiled_copy_C(r2s_atom, tiled_mma),
-                scale_log2=softmax_scale * Float32(LOG2_E),
                 lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
+                head=head, sinks=sinks, window_left=window_left,
             )
+            score = ScoreScale(softmax_scale, softcap, self.softcap)
+            ctx.scale_log2, ctx.cap_in, ctx.cap_out = score.scale_log2, score.cap_in, score.cap_out
             # fp32 O accumulator, running row max and per-thread partial row sum
             ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
             ctx.acc_O.fill(0.0)
@@ -420,16 +433,23 @@ class SdpaPrefill:
             ctx.row_max.fill(NEG_INF)
             ctx.row_sum.fill(0.0)
 
-            # kv blocks n_max-1 .. n_mask_min need masks; with none at all (S_kv = 0, or a causal tile
-            # that sees no key) both loops run 0 times and the epilogue writes O = 0, LSE = -inf
-            n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
+            # kv blocks n_max-1 .. n_min (mask.kv_blocks_for_queries); with none at all (S_kv = 0, or a causal
+            # tile that sees no key) every loop runs 0 times and the epilogue writes O = 0, LSE = -inf
+            n_min, n_max, n_mask_min, n_left_end = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
+                                                                  self.window, window_left)
+            n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
+            ctx.n_min = n_min
 
             self.prologue(ctx, n_max)
-            # blocks n_max-1 .. n_mask_min with masks and predicated loads, n_mask_min-1 .. 0 without
-            for t in cutlass.range(n_max - n_mask_min, unroll=1):
+            # blocks n_max-1 .. n_mask_min with masks and predicated loads, then the plain ones, then (a window)
+            # the masked blocks of its left edge
+            for t in cutlass.range(n_right, unroll=1):
                 self.kv_block(ctx, n_max - 1 - t, True)
-            for t in cutlass.range(n_mask_min, unroll=1):
-                self.kv_block(ctx, n_mask_min - 1 - t, False)
+            for t in cutlass.range(n_right, n_plain_end, unroll=1):
+                self.kv_block(ctx, n_max - 1 - t, False)
+            if cutlass.const_expr(self.window):
+                for t in cutlass.range(n_plain_end, n_iter, unroll=1):
+                    self.kv_block(ctx, n_max - 1 - t, True)
             self.epilogue(ctx)
 
     @cute.jit
@@ -445,6 +465,7 @@ class SdpaPrefill:
         v_stride_b: Int64, v_stride_s: Int64, v_stride_h: Int64,
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         # The real launch is done by the aotc runtime (grid from max_seqlen_q); this one only
         # makes the module well formed, with the same block and dynamic smem.
@@ -456,6 +477,7 @@ class SdpaPrefill:
             v_stride_b, v_stride_s, v_stride_h,
             o_stride_b, o_stride_s, o_stride_h,
             lse_stride_b, lse_stride_h, lse_stride_s,
+            sinks, window_left, softcap,
         ).launch(
             grid=[(seqlen_q + (self.bm - 1)) // self.bm, heads_q, batch],
             block=[self.threads, 1, 1],

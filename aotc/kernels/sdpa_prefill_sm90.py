@@ -60,9 +60,11 @@ from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, PAGED_REGISTERS, PARAMS
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .hopper import acc_mn_view, acc_to_a_operand, gemm, smem_layout, store_converted_pairs
-from .mask import kv_block_range, kv_blocks_for_queries, mask_columns, mask_row, score_limits
+from .mask import (kv_block_range, kv_blocks_for_queries, kv_loop_segments, mask_columns, mask_columns_between, mask_row,
+                   score_limits)
 from .seqlen import seq_bounds
-from .softmax import LOG2_E, NEG_INF, normalize_rows, rescale_rows, softmax_row, store_lse_rows
+from .softmax import (LOG2_E, NEG_INF, ScoreScale, normalize_rows, rescale_rows, softcap_row, softmax_row,
+                      store_lse_rows)
 from .tile_scheduler import PersistentTiles, RaggedTiles
 from .warp_mma import DTYPES, VEC, make_s2g
 
@@ -107,6 +109,8 @@ class SdpaPrefillSm90:
         self.paged = self.page > 0
         self.ragged = variant["layout"] == "ragged" or self.paged  # Q/O [total_q, H_q, D] with cu_seqlens_q
         self.causal = causal = bool(variant["causal"])
+        # score features (aotc.families.features): compiled in or not, their values are parameters
+        self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
         self.tile = t = tile or family_tile(D, int(variant["block_n"]))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
         self.chunks = D // TMA_BOX_COLS
@@ -155,7 +159,8 @@ class SdpaPrefillSm90:
     def pointee_types(self) -> dict:
         # the host function takes Q, K and V as pointers (it builds stand-in descriptors from them)
         return {"tma_q": self.dtype, "tma_k": self.dtype, "tma_v": self.dtype, "o": self.dtype, "lse": Float32,
-                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32}
+                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32,
+                "sinks": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -198,10 +203,11 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages,
-                   first_tile, n_ctas, n_items):
-        """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min) of this CTA's i-th tile
+                   first_tile, n_ctas, n_items, window_left):
+        """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range) of this CTA's i-th tile
         (RaggedTiles: tile i % 2 of the pair of work item i // 2; valid 0 past the last item, or for the
-        missing partner of a middle tile) and the kv blocks its queries see."""
+        missing partner of a middle tile) and the kv blocks its queries see (kv_blocks_for_queries: n_min,
+        n_max, n_mask_min, n_left_end)."""
         t = self.ragged_tiles.item(i // 2, first_tile, n_ctas)
         valid = Int32(0)
         if t < n_items:
@@ -219,8 +225,8 @@ class SdpaPrefillSm90:
         tokens = self.bm // group  # query tokens of a packed tile
         q_first = m_block * tokens
         q_last = cutlass.min(q_first + tokens, s_q) - 1
-        n_max, n_mask_min = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal)
-        return valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min
+        kv_range = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
+        return valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range
 
     @cute.jit
     def page_id(self, ctx, n, lane):
@@ -253,10 +259,11 @@ class SdpaPrefillSm90:
                         tma.get_ptr(), [c * TMA_BOX_COLS, row, kv_head, page], bars + full(stage))
 
     @cute.jit
-    def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, g0, q_count):
+    def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):
         """producer_tile for a paged variant, run by the whole producer warp (the page-table reads and the
         work-item scan are warp-wide; one lane issues): Q of the GQA-packed tile (box (64 columns, group
-        heads, 64 / group tokens) per consumer warpgroup), then K/V from their pages, last block first."""
+        heads, 64 / group tokens) per consumer warpgroup), then K/V from their pages, last block first, n_iter
+        blocks."""
         bars = storage.bars.data_ptr()
         sQ = storage.sQ.data_ptr()
         sK = storage.sK.data_ptr()
@@ -277,17 +284,17 @@ class SdpaPrefillSm90:
                         bars + self.Q_FULL)
         if n_max > 0:
             self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
-        for t in cutlass.range(1, n_max, unroll=1):
+        for t in cutlass.range(1, n_iter, unroll=1):
             pg = self.page_id(ctx, n_max - 1 - t, lane)
             self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
             self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
 
     @cute.jit
     def producer_tile(self, tma_q, tma_k, tma_v, storage, q_row0, kv_row0, head, kv_head, bidx, m_block, n_max,
-                      g0, q_count):
+                      n_iter, g0, q_count):
         """One elected thread: K of the tile's first kv block (it may stream in while the consumers
         still finish the previous tile), Q once the consumers have released Q's buffer, then the
-        rest of the kv blocks, last one first. g0: the ring position of this tile's first block."""
+        rest of the n_iter kv blocks, last one first. g0: the ring position of this tile's first block."""
         bars = storage.bars.data_ptr()
         sQ = storage.sQ.data_ptr()
         sK = storage.sK.data_ptr()
@@ -304,7 +311,7 @@ class SdpaPrefillSm90:
                     bars + self.Q_FULL)
         if n_max > 0:
             self.load_kv(tma_v, sV, self.v_full, self.v_empty, g0, n_max - 1, kv_row0, kv_head, bidx, bars)
-        for t in cutlass.range(1, n_max, unroll=1):
+        for t in cutlass.range(1, n_iter, unroll=1):
             self.load_kv(tma_k, sK, self.k_full, self.k_empty, g0 + t, n_max - 1 - t, kv_row0, kv_head, bidx, bars)
             self.load_kv(tma_v, sV, self.v_full, self.v_empty, g0 + t, n_max - 1 - t, kv_row0, kv_head, bidx, bars)
 
@@ -342,11 +349,17 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(masked and not self.paged):
             key_lim, causal_lim = score_limits(ctx.row0, n * self.bn, ctx.col0, ctx.s_q, ctx.s_kv)
         for r in cutlass.range_constexpr(cute.size(row_max)):
+            if cutlass.const_expr(self.softcap):
+                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
             if cutlass.const_expr(masked):
-                if cutlass.const_expr(self.paged):  # GQA-packed rows: each row's own key limit
-                    mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - n * self.bn - ctx.col0)
+                if cutlass.const_expr(self.paged):  # GQA-packed rows: each row's own key limits
+                    key0 = n * self.bn + ctx.col0
+                    if cutlass.const_expr(self.window):
+                        mask_columns_between(S_mn, r, ctx.cS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
+                    else:
+                        mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - key0)
                 else:
-                    mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal)
+                    mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             ctx.alpha[r] = alpha
 
@@ -370,7 +383,7 @@ class SdpaPrefillSm90:
             store_converted_pairs(ctx.rP, acc_S)
 
     @cute.jit
-    def first_block(self, ctx, n_max, g0):
+    def first_block(self, ctx, n_max, n_iter, g0):
         """kv iteration 0 (block n_max - 1, always in the masked range): S, softmax, P; O is still 0."""
         bars = ctx.bars
         s, phase = self.ring(g0)
@@ -382,13 +395,13 @@ class SdpaPrefillSm90:
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + self.k_empty(s))
         if cutlass.const_expr(self.sep_o):
-            if n_max == 1:
+            if n_iter == 1:
                 self.release_q(ctx)  # the tile's only S GEMM is done: the next tile's Q may load
         self.softmax(ctx, acc_S, n_max - 1, True)
         self.store_p(ctx, acc_S)
 
     @cute.jit
-    def overlapped_block(self, ctx, t, n_max, g0, masked: cutlass.Constexpr):
+    def overlapped_block(self, ctx, t, n_max, n_iter, g0, masked: cutlass.Constexpr):
         """kv iteration t >= 1 (block n = n_max - 1 - t): S(t) = Q K(t)^T and O += P(t-1) V(t-1) are
         issued together; the softmax of S(t) runs while the PV GEMM is in flight; then O is rescaled
         and P(t) replaces P(t-1) in the A-operand registers."""
@@ -405,7 +418,7 @@ class SdpaPrefillSm90:
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + self.k_empty(s))
         if cutlass.const_expr(self.sep_o):
-            if t == n_max - 1:
+            if t == n_iter - 1:
                 self.release_q(ctx)  # the tile's last S GEMM is done: the next tile's Q may load
         self.softmax(ctx, acc_S, n_max - 1 - t, masked)
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
@@ -415,10 +428,10 @@ class SdpaPrefillSm90:
         self.store_p(ctx, acc_S)
 
     @cute.jit
-    def last_block(self, ctx, n_max, g0):
+    def last_block(self, ctx, n_iter, g0):
         """O += P(last) V(last)."""
         bars = ctx.bars
-        s, phase = self.ring(g0 + n_max - 1)
+        s, phase = self.ring(g0 + n_iter - 1)
         cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
         self.sched_sync(ctx)
         self.issue_pv(ctx, s)
@@ -436,7 +449,16 @@ class SdpaPrefillSm90:
         n_rows = cute.size(row_max)
         O_mn = acc_mn_view(acc_O)
         lse_r = cute.make_rmem_tensor((n_rows,), Float32)
-        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r)
+        sink_log2 = None
+        if cutlass.const_expr(self.sinks):
+            sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
+            for r in cutlass.range_constexpr(n_rows):
+                if cutlass.const_expr(self.paged):  # packed row r: query head kv_head * group + r % group
+                    head = ctx.kv_head * ctx.group + (ctx.row0 + ctx.cS_mn[r, 0][0]) % ctx.group
+                    sink_log2[r] = ctx.sinks[head] * Float32(LOG2_E)
+                else:
+                    sink_log2[r] = ctx.sinks[ctx.head] * Float32(LOG2_E)
+        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
@@ -497,15 +519,17 @@ class SdpaPrefillSm90:
                     store_lse_rows(ctx.lse, ctx.lse_off, ctx.lse_ss, lse_r, ctx.cS_mn, ctx.row0, 0, ctx.s_q)
 
     @cute.jit
-    def attend_tile(self, tile, o, wg_index, n_max, n_mask_min, g0, q_count):
+    def attend_tile(self, tile, o, wg_index, kv_range, g0, q_count):
         """One work item of a consumer warpgroup (tile: a per-item copy of its context): the kv loop over
-        blocks n_max-1 .. 0 (the first n_max - n_mask_min with masks), then the epilogue. g0: the ring
-        position of its first block."""
+        blocks n_max-1 .. n_min of kv_range (mask.kv_blocks_for_queries) in its three segments (masked,
+        plain, masked: mask.kv_loop_segments), then the epilogue. g0: the ring position of its first
+        block."""
+        n_min, n_max, n_mask_min, n_left_end = kv_range
+        n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
         tile.acc_O.fill(0.0)
         tile.row_max.fill(NEG_INF)
         tile.row_sum.fill(0.0)
         cute.arch.mbarrier_wait(tile.bars + self.Q_FULL, q_count & 1)
-        n_masked = n_max - n_mask_min
         padding = False
         if cutlass.const_expr(self.paged):
             if n_max > 0 and tile.s_kv < n_max * self.bn:
@@ -513,14 +537,17 @@ class SdpaPrefillSm90:
             # GQA-packed: a short tile's last warpgroups may hold no real row
             padding = tile.m_block * self.bm + wg_index * self.n_wg_rows >= tile.s_q * tile.group
         if padding:
-            self.idle_tile(tile, n_max, g0)
+            self.idle_tile(tile, n_iter, g0)
         elif n_max > 0:
-            self.first_block(tile, n_max, g0)
-            for t in cutlass.range(1, n_masked, unroll=1):
-                self.overlapped_block(tile, t, n_max, g0, True)
-            for t in cutlass.range(cutlass.max(n_masked, 1), n_max, unroll=1):
-                self.overlapped_block(tile, t, n_max, g0, False)
-            self.last_block(tile, n_max, g0)
+            self.first_block(tile, n_max, n_iter, g0)
+            for t in cutlass.range(1, n_right, unroll=1):
+                self.overlapped_block(tile, t, n_max, n_iter, g0, True)
+            for t in cutlass.range(cutlass.max(n_right, 1), n_plain_end, unroll=1):
+                self.overlapped_block(tile, t, n_max, n_iter, g0, False)
+            if cutlass.const_expr(self.window):  # the window's left edge
+                for t in cutlass.range(cutlass.max(n_plain_end, 1), n_iter, unroll=1):
+                    self.overlapped_block(tile, t, n_max, n_iter, g0, True)
+            self.last_block(tile, n_iter, g0)
         else:
             if cutlass.const_expr(self.sep_o):
                 self.release_q(tile)  # no S GEMM at all: Q's buffer is free at once
@@ -551,7 +578,7 @@ class SdpaPrefillSm90:
         cute.arch.barrier(barrier_id=self.ZERO_BAR, number_of_threads=self.n_wg * _WG)
 
     @cute.jit
-    def idle_tile(self, ctx, n_max, g0):
+    def idle_tile(self, ctx, n_iter, g0):
         """A consumer warpgroup whose rows of the tile are all padding (a decode token's group * s_q rows
         fill part of the first warpgroup's 64): it keeps the barrier protocol without computing. Q is
         released at once, each kv block's stages once they have landed (so this warpgroup never runs a
@@ -559,7 +586,7 @@ class SdpaPrefillSm90:
         and one for the last PV GEMM, as the other warpgroups take theirs; it stores nothing."""
         self.release_q(ctx)
         bars = ctx.bars
-        for t in cutlass.range(n_max, unroll=1):
+        for t in cutlass.range(n_iter, unroll=1):
             s, phase = self.ring(g0 + t)
             cute.arch.mbarrier_wait(bars + self.k_full(s), phase)
             self.sched_sync(ctx)
@@ -569,7 +596,7 @@ class SdpaPrefillSm90:
             cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
             if ctx.lane == 0:
                 cute.arch.mbarrier_arrive(bars + self.v_empty(s))
-        if n_max > 0:
+        if n_iter > 0:
             self.sched_sync(ctx)
             self.sched_arrive(ctx)
 
@@ -586,6 +613,7 @@ class SdpaPrefillSm90:
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -620,7 +648,7 @@ class SdpaPrefillSm90:
             n_items = self.ragged_tiles.count(cu_seqlens_q, batch, group, heads_kv, min_seqlen_q, tidx % 32)
             rounds = 2 * ((n_items + (n_ctas - 1)) // n_ctas)  # two tiles per work item
             paged_args = (cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages, first_tile, n_ctas,
-                          n_items)
+                          n_items, window_left)
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -629,14 +657,16 @@ class SdpaPrefillSm90:
                     g0 = Int32(0)
                     q_count = Int32(0)
                     for i in cutlass.range(rounds, unroll=1):
-                        valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, _ = self.paged_item(
+                        valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
                             i, tidx % 32, *paged_args)
+                        n_min, n_max, _, _ = kv_range
                         if valid != 0:
                             tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
                                                    page_table=page_table, pt_row=Int64(bidx) * pt_stride_b,
                                                    pt_stride_p=pt_stride_p)
-                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, g0, q_count)
-                            g0 = g0 + n_max
+                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
+                                                q_count)
+                            g0 = g0 + (n_max - n_min)
                             q_count = q_count + 1
             elif warp_idx == 0:
                 with cute.arch.elect_one():
@@ -648,10 +678,11 @@ class SdpaPrefillSm90:
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
                                                                   cu_seqlens_kv, self.ragged)
                         if valid != 0 and m_block * self.bm < s_q:
-                            n_max, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
+                            n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
+                                                                self.window, window_left)
                             self.producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group,
-                                          bidx, m_block, n_max, g0, q_count)
-                            g0 = g0 + n_max
+                                               bidx, m_block, n_max, n_max - n_min, g0, q_count)
+                            g0 = g0 + (n_max - n_min)
                             q_count = q_count + 1
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
@@ -702,7 +733,12 @@ class SdpaPrefillSm90:
             # P (fp16/bf16) in the A-operand layout of the PV GEMM, carried across iterations
             ctx.rP = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.n_wg_rows, self.bn)), self.dtype)
             ctx.tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
-            ctx.scale_log2 = softmax_scale * Float32(LOG2_E)
+            score = ScoreScale(softmax_scale, softcap, self.softcap)
+            ctx.scale_log2 = score.scale_log2
+            ctx.cap_in = score.cap_in
+            ctx.cap_out = score.cap_out
+            ctx.window_left = window_left
+            ctx.sinks = sinks
             ctx.write_lse = write_lse
             ctx.lse = lse
             ctx.o_ss = o_stride_s
@@ -720,7 +756,7 @@ class SdpaPrefillSm90:
                 ctx.o_off = Int64(0)
                 ctx.group = group
                 for i in cutlass.range(rounds, unroll=1):
-                    valid, bidx, kv_head, m_block, q_start, s_q, s_kv, n_max, n_mask_min = self.paged_item(
+                    valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
                         i, ctx.lane, *paged_args)
                     if valid != 0:
                         tile = SimpleNamespace(**vars(ctx))
@@ -730,28 +766,35 @@ class SdpaPrefillSm90:
                         tile.q_start = q_start
                         tile.kv_head = kv_head
                         tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # first packed row
-                        # each row's exclusive key limit: packed row r is query token r // group
+                        # each row's exclusive key limit (and, windowed, its first key): packed row r is query
+                        # token r // group
                         row_lim = cute.make_rmem_tensor((n_rows,), Int32)
+                        row_lo = cute.make_rmem_tensor((n_rows,), Int32)
                         for r in cutlass.range_constexpr(n_rows):
                             row_lim[r] = s_kv
+                            tok = (tile.row0 + ctx.cS_mn[r, 0][0]) // group
                             if cutlass.const_expr(self.causal):
-                                tok = (tile.row0 + ctx.cS_mn[r, 0][0]) // group
                                 row_lim[r] = cutlass.min(s_kv, tok + 1 + s_kv - s_q)
+                            row_lo[r] = tok + s_kv - s_q - window_left
                         tile.row_lim = row_lim
-                        self.attend_tile(tile, o, wg_index, n_max, n_mask_min, g0, q_count)
-                        g0 = g0 + n_max
+                        tile.row_lo = row_lo
+                        self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
+                        n_min, n_max, _, _ = kv_range
+                        g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
             else:
                 for i in cutlass.range(rounds, unroll=1):
                     valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch, pairs)
                     q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, self.ragged)
                     if valid != 0 and m_block * self.bm < s_q:
-                        n_max, n_mask_min = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal)
+                        kv_range = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal, self.window,
+                                                  window_left)
                         # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
                         tile = SimpleNamespace(**vars(ctx))
                         tile.m_block = m_block
                         tile.s_q = s_q
                         tile.s_kv = s_kv
+                        tile.head = head
                         tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # this thread's first row
                         if cutlass.const_expr(self.ragged):
                             tile.o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
@@ -759,8 +802,9 @@ class SdpaPrefillSm90:
                         else:
                             tile.o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
                             tile.lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
-                        self.attend_tile(tile, o, wg_index, n_max, n_mask_min, g0, q_count)
-                        g0 = g0 + n_max
+                        self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
+                        n_min, n_max, _, _ = kv_range
+                        g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
 
     @cute.jit
@@ -775,6 +819,7 @@ class SdpaPrefillSm90:
         o_stride_b: Int64, o_stride_s: Int64, o_stride_h: Int64,
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
@@ -794,6 +839,7 @@ class SdpaPrefillSm90:
             o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
+            sinks, window_left, softcap,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

@@ -11,6 +11,11 @@ max until a new score exceeds it by more than 2^8 (p <= 2^8: exact in fp32, repr
 so alpha is exactly 1 for most kv blocks and a warp whose rows all have alpha = 1 skips the O rescale;
 the final O / rowsum and LSE use the same kept max, so the result is unchanged
 (benchmarks/results/prefill_experiment_portable_lazy_rescale.json).
+
+Score features (aotc.families.features): soft-cap rewrites a row's scores before the mask
+(softcap_row: s -> softcap * log2(e) * tanh(s * scale / softcap), so the softmax then runs with
+scale_log2 = 1: ScoreScale gives both); sinks enter once, when a row is normalized (normalize_rows'
+sink_log2: the sink logit joins the denominator and the LSE).
 """
 import math
 
@@ -56,6 +61,43 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_sl
     return alpha
 
 
+class ScoreScale:
+    """How raw q.k scores become the softmax's log2-domain logits: (scale_log2, cap_in, cap_out) with
+    p = 2^(s' * scale_log2 - max), s' = s (plain) or cap_out * tanh(s * cap_in) (soft-cap, scale_log2 = 1).
+    Built in the kernel from the runtime softmax_scale and softcap."""
+
+    def __init__(self, softmax_scale, softcap_value, softcap: bool):
+        self.softcap = softcap
+        if softcap:
+            self.scale_log2 = Float32(1.0)
+            self.cap_in = softmax_scale / softcap_value
+            self.cap_out = softcap_value * Float32(LOG2_E)
+        else:
+            self.scale_log2 = softmax_scale * Float32(LOG2_E)
+            self.cap_in = Float32(0.0)
+            self.cap_out = Float32(0.0)
+
+
+@cute.jit
+def softcap_row(S_mn, r: cutlass.Constexpr, cap_in, cap_out):
+    """Soft-cap row r of a score tile (before its mask): s -> cap_out * tanh(s * cap_in), tanh.approx.f32
+    (one MUFU op a score, as FA3's)."""
+    for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
+        S_mn[r, c] = cute.math.tanh(S_mn[r, c] * cap_in, approx=True) * cap_out
+
+
+@cute.jit
+def with_sink(m_log2, total, sink_log2):
+    """A row's (max, sum) in the log2 domain, m_log2 the max its sum is relative to (-inf: no key seen),
+    joined by a sink logit: (the new max, the new sum, the factor by which O, relative to m_log2, must be
+    scaled). A sink of -inf and no key leaves (-inf, 0, 0)."""
+    m_new = cute.arch.fmax(m_log2, sink_log2)
+    m_safe = Float32(0.0) if m_new == Float32(NEG_INF) else m_new
+    factor = cute.math.exp2(m_log2 - m_safe, fastmath=True)  # m_log2 = -inf: 0
+    total_new = total * factor + cute.math.exp2(sink_log2 - m_safe, fastmath=True)
+    return m_new, total_new, factor
+
+
 @cute.jit
 def rescale_rows(O_mn, alpha):
     """O_mn[r] *= alpha[r] for every row of this thread's accumulator view."""
@@ -64,16 +106,22 @@ def rescale_rows(O_mn, alpha):
 
 
 @cute.jit
-def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r):
+def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r, sink_log2=None):
     """End of the kv loop: O /= row sum (over the quad) and lse_r = natural-log LSE per row; a row
-    that saw no key keeps O = 0 (its accumulator is 0) and gets LSE = -inf."""
+    that saw no key keeps O = 0 (its accumulator is 0) and gets LSE = -inf. sink_log2 (sinks: a tensor of
+    each row's sink logit times log2(e)) joins every row's denominator and LSE (a row that saw no key then
+    gets LSE = its sink)."""
     for r in cutlass.range_constexpr(cute.size(row_max)):
         total = quad_allreduce(row_sum[r], lambda a, b_: a + b_)
+        m_log2 = row_max[r] * scale_log2
+        factor = Float32(1.0)
+        if cutlass.const_expr(sink_log2 is not None):
+            m_log2, total, factor = with_sink(m_log2, total, sink_log2[r])
         inv = Float32(1.0)
         lse_r[r] = Float32(NEG_INF)
         if total > Float32(0.0):
-            inv = cute.arch.rcp_approx(total)
-            lse_r[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
+            inv = cute.arch.rcp_approx(total) * factor
+            lse_r[r] = (m_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
         O_mn[r, None].store(O_mn[r, None].load() * inv)
 
 

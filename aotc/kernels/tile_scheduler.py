@@ -128,6 +128,9 @@ class KvChunks:
       whose empty chunk writes O = 0, LSE = -inf), one partial chunk of the rest;
     * chunk index y (blockIdx.y) enumerates every full chunk first, in sequence order, then every partial
       one: the largest pieces are dispatched first, so the tail of the launch holds the small ones.
+    * windowed (sliding window, window_left w): a sequence's kv blocks are those from its first query's
+      first key, kv_first() = max(0, S_kv - S_q - w) rounded down to a block: only they are counted and
+      chunked, so the split balances the windowed work and no CTA walks keys no row sees.
     There are at most T + B chunks (sum of ceil(n_b / C) <= W / C + B <= T + B): the grid's y extent; the
     CTAs past the last chunk exit at once. Every warp computes the same answer from the lengths (no
     barrier): three passes over B int32 lengths, a warp reduction or scan each; a batch of at most ROUND
@@ -135,13 +138,23 @@ class KvChunks:
     target_chunks + batch below aotc.families.schedulers.MAX_DECODE_CHUNKS.
     """
 
-    def __init__(self, block_n: int, min_chunk_blocks: int, page: int, ragged: bool = False):
+    def __init__(self, block_n: int, min_chunk_blocks: int, page: int, ragged: bool = False, window: bool = False):
         self.block_n = block_n
         self.min_chunk_blocks = min_chunk_blocks
         self.page = page  # 0: dense KV
         # ragged queries: a sequence of 1 .. max_q queries (cu_seqlens_q) has chunks, any other none (another
         # kernel serves it); its lengths read as -1
         self.ragged = ragged
+        self.window = window
+
+    @cute.jit
+    def kv_first(self, s_kv, s_q, window_left):
+        """Windowed: the first key of a sequence's chunks, its first query's first key rounded down to a kv
+        block (a multiple of block_n: a block never crosses a page); 0 without a window."""
+        first = Int32(0)
+        if cutlass.const_expr(self.window):
+            first = cutlass.max(s_kv - s_q - window_left, Int32(0)) // self.block_n * self.block_n
+        return first
 
     @cute.jit
     def kv_tokens(self, seqlens_kv, b, max_pages):
@@ -165,10 +178,10 @@ class KvChunks:
         return n
 
     @cute.jit
-    def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q):
-        """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i (0 past the batch; ragged, -1 past the batch
-        and for a sequence another kernel serves): a round of 32 * SEQS_PER_LANE sequences, consecutive
-        ones in each lane, the loads independent."""
+    def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q, window_left):
+        """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i from kv_first() on (0 past the batch; ragged,
+        -1 past the batch and for a sequence another kernel serves): a round of 32 * SEQS_PER_LANE sequences,
+        consecutive ones in each lane, the loads independent."""
         for i in cutlass.range_constexpr(SEQS_PER_LANE):
             b = r0 + SEQS_PER_LANE * lane + i
             if cutlass.const_expr(self.ragged):
@@ -176,19 +189,23 @@ class KvChunks:
                 if b < batch:
                     s_q = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
                     if s_q >= 1 and s_q <= max_q:
-                        nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
+                        n = self.kv_tokens(seqlens_kv, b, max_pages)
+                        nt[i] = n - self.kv_first(n, s_q, window_left)
             else:
                 nt[i] = Int32(0)
                 if b < batch:
-                    nt[i] = self.kv_tokens(seqlens_kv, b, max_pages)
+                    n = self.kv_tokens(seqlens_kv, b, max_pages)
+                    nt[i] = n - self.kv_first(n, max_q, window_left)
 
     @cute.jit
-    def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane, cu_seqlens_q=None, max_q=None):
+    def locate(self, seqlens_kv, batch, max_pages, target_chunks, chunk, lane, cu_seqlens_q=None, max_q=None,
+               window_left=0):
         """(seq, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot) of chunk `chunk`: its sequence
         (-1 past the last chunk) and that sequence's keys, the chunk's key range [lo, hi), the sequence's
         chunk count, and where its chunks are (full chunk j is chunk first_full + j; its partial chunk,
         if n_seq > n_full, is chunk partial_slot). lane: this thread's lane in its warp. Every value is
-        the same over the warp, and marked so (the kernel's addresses derive from them).
+        the same over the warp, and marked so (the kernel's addresses derive from them). Windowed, [lo, hi)
+        lies past the sequence's kv_first() and s_kv is still its whole length.
 
         The lengths are read in rounds of ROUND sequences held in registers; a batch of one round (B <=
         128) is read once for all three passes (their latency is paid at the start of every CTA)."""
@@ -196,7 +213,7 @@ class KvChunks:
         nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         w = Int32(0)
         for r0 in range(0, batch, ROUND):
-            self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
+            self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q, window_left)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
                 w = w + (self.counted(nt[i]) + (bn - 1)) // bn
         w = _warp_sum(w)
@@ -204,7 +221,7 @@ class KvChunks:
         f = Int32(0)
         for r0 in range(0, batch, ROUND):
             if batch > ROUND:  # else nt holds the one round already
-                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q, window_left)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
                 f = f + (self.counted(nt[i]) + (bn - 1)) // bn // c
         f_total = _warp_sum(f)
@@ -222,7 +239,7 @@ class KvChunks:
         pbv = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         for r0 in range(0, batch, ROUND):
             if batch > ROUND:
-                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q)
+                self.load_round(nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q, window_left)
             mine = Int32(0)  # this lane's sequences' (full << 16) + partial chunk counts
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
                 if cutlass.const_expr(self.ragged):
@@ -287,6 +304,16 @@ class KvChunks:
             seq = Int32(-1)
         elif full != 0:
             hi = cutlass.min(lo + c * bn, s_kv)
+        if cutlass.const_expr(self.window):
+            if hit != 0:  # s_kv counted the keys from kv_first() on: shift the range past it
+                s_all = self.kv_tokens(seqlens_kv, seq, max_pages)
+                s_q = max_q
+                if cutlass.const_expr(self.ragged):
+                    s_q = cu_seqlens_q[seq + 1] - cu_seqlens_q[seq]
+                first = cute.arch.make_warp_uniform(self.kv_first(s_all, s_q, window_left))
+                lo = lo + first
+                hi = hi + first
+                s_kv = cute.arch.make_warp_uniform(s_all)
         return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
 
 

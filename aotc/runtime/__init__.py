@@ -205,36 +205,40 @@ class Runtime:
 
     def prepare_prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, cu_seqlens_q=None,
                         cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, specialize: bool = True,
-                        family: str = "auto"):
+                        family: str = "auto", window_left: int | None = None, softcap: float | None = None, sinks=None):
         """Validate once and return a PrefillPlan (dense, or ragged when cu_seqlens are given).
 
         family: "auto" runs the Hopper family (sdpa_prefill_sm90) where the device, the bundle and
         the tensors allow it and the portable one (sdpa_prefill) otherwise; naming one forces it.
         specialize=False uses the portable family's general-stride variant even when the tensors
-        keep a specialization's promises (for comparisons and debugging)."""
+        keep a specialization's promises (for comparisons and debugging).
+        window_left, softcap, sinks: the score features (aotc.runtime.features; None: off), served by the
+        variants built with them."""
         from .prefill import PrefillPlan
 
         return PrefillPlan(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_kv=max_seqlen_kv, specialize=specialize, family=family)
+                           max_seqlen_kv=max_seqlen_kv, specialize=specialize, family=family, window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
-                family: str = "auto") -> None:
+                family: str = "auto", window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """Attention forward over dense [B, S, H, D] tensors (any strides, head dim contiguous) into out (and lse).
 
         family: "auto" (the Hopper family where it can run, else the portable one) or a family name."""
         from .prefill import prefill
 
-        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream, family=family)
+        prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream, family=family,
+                window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prefill_ragged(self, q, k, v, out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, lse=None, *,
-                       causal=False, softmax_scale=None, stream=None, family: str = "auto") -> None:
+                       causal=False, softmax_scale=None, stream=None, family: str = "auto",
+                       window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """Attention forward over packed tokens [total, H, D] with int32 cu_seqlens [B + 1] on the device."""
         from .prefill import prefill
 
         prefill(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, stream=stream,
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                max_seqlen_kv=max_seqlen_kv, family=family)
+                max_seqlen_kv=max_seqlen_kv, family=family, window_left=window_left, softcap=softcap, sinks=sinks)
 
     def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, chunks: int) -> int:
         """Workspace a decode with `chunks` target chunks needs (0 for chunks=1); a prepared plan's is
@@ -245,7 +249,7 @@ class Runtime:
 
     def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                        max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
-                       workspace=None, softmax_scale: float | None = None):
+                       workspace=None, softmax_scale: float | None = None, window_left: int | None = None, softcap: float | None = None, sinks=None):
         """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
         follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
         table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
@@ -253,46 +257,49 @@ class Runtime:
         from .decode import DecodePlan
 
         return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
-                          kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale)
+                          kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale,
+                          window_left=window_left, softcap=softcap, sinks=sinks)
 
     def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None, workspace=None,
-               softmax_scale=None, stream=None) -> None:
+               softmax_scale=None, stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
         cached: a repeated call reads the tensors, looks the plan up and launches."""
         from .decode import decode
 
         decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
-               kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale, stream=stream)
+               kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale, stream=stream,
+               window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                           causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                           max_seqlen_q: int | None = None, decode_query_len: int = 1,
-                          max_seqlen_kv: int | None = None):
+                          max_seqlen_kv: int | None = None, window_left: int | None = None, softcap: float | None = None, sinks=None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
         [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                              softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                             decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv)
+                             decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, window_left=window_left, softcap=softcap, sinks=sinks)
 
     def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                   max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
-                  stream=None) -> None:
+                  stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
         included; page_table), bottom-right causal per sequence, into out (and lse). Sequences of at most
         decode_query_len queries (1, or 1 + speculative tokens) run on the decode kernel, longer ones on
         the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
         latter's launch, max_seqlen_kv (optional) >= 8192 picks its widest kv tile. Both kernels read the
-        lengths on the device, and neither bound is part of the cached plan's key."""
+        lengths on the device, and neither bound is part of the cached plan's key. window_left, softcap,
+        sinks: the score features (aotc.runtime.features), in both kernels."""
         from .attention import attention
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                  decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream)
+                  decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream, window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
         """Validate once for these pools and key/value/slot layouts; returns a KvWritePlan (see

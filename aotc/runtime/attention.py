@@ -42,6 +42,7 @@ from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
+from .features import check_features, feature_scalars, missing_kernel
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .plan import Plan, cached_plan, torch_key
 from .prefill import LONG_KV, hopper_candidates
@@ -194,7 +195,8 @@ class AttentionPlan(Plan):
 
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
-                 max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None):
+                 max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
+                 window_left: int | None = None, softcap: float | None = None, sinks=None):
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -204,20 +206,24 @@ class AttentionPlan(Plan):
         check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
         device = runtime.device()
         d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
+        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal)
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(d.head_dim)
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal}
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal, **feats.fields}
         kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
+        if kernel is None and feats.any:
+            raise missing_kernel((FAMILY,), wanted)
         if kernel is None:
             raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
                                                      f"(build one: aotc build with layout = \"paged{d.page}\")")
         # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens) and
         # its schedule's limits allow (a batch of 32767 sequences or more, over 65535 KV heads: the paged
         # kernel takes every row)
-        decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged"}
+        decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged", **feats.fields}
         if (not causal or d.batch >= MAX_CHUNK_SLOTS or d.heads_kv > 65535
                 or runtime.find(DECODE, device, [decode_kv]) is None):
             decode_query_len = 0
@@ -225,7 +231,8 @@ class AttentionPlan(Plan):
         if decode_query_len:
             self.decode = DecodePlan(runtime, t["q"], t["k_cache"], t["v_cache"], t["out"], sl, pt, ls,
                                      kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
-                                     decode_query_len=decode_query_len)
+                                     decode_query_len=decode_query_len, window_left=window_left, softcap=softcap,
+                                     sinks=feats.sinks)
         self.decode_query_len = decode_query_len
         recipes = _recipes(kernel, t, d, dtype)
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
@@ -243,7 +250,9 @@ class AttentionPlan(Plan):
             "o_stride_b": 0, "o_stride_s": o_.strides[0], "o_stride_h": o_.strides[1],
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
+            **feats.values,
         }
+        self.features = feats
         self.has_lse = ls is not None
         self.shape = d
         # no launch when nothing is left for it: an empty batch, or every sequence a decode row
@@ -254,7 +263,7 @@ class AttentionPlan(Plan):
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
-        self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"]}
+        self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs()}
         self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
         self._io = (q_, o_, ls)
         self._rows = {}
@@ -397,17 +406,17 @@ def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
-              stream=None) -> None:
+              window_left=None, softcap=None, sinks=None, stream=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count."""
-    seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table)
+    seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
-    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv)
+    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
-        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache), scalars)
+        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks), scalars)
         plan = runtime.plans.get(fast)
         if plan is not None:
             total_q = q.shape[0]
@@ -419,13 +428,14 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             return
     recs = [None if x is None else as_tensor(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
-             (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
-    qr, outr, lsr, kr, vr, cur, slr, ptr_ = recs
-    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, _layout(*recs, rows_free=True), scalars)
+             (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"))]
+    qr, outr, lsr, kr, vr, cur, slr, ptr_, snk = recs
+    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, None if snk is None else snk.ptr,
+           _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
-        max_seqlen_kv=max_seqlen_kv if long_kv else None))
+        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)
@@ -435,6 +445,6 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
 
 def _rows_free(seen: tuple) -> tuple:
     """torch_layouts of (q, out, lse, ...) less the token count (see _layout)."""
-    q, out, lse, *rest = seen
+    q, out, lse, *rest = seen  # (the rest: caches, metadata and sinks as they are)
     return ((q[0][1:], q[1], q[2], q[3]), (out[0][1:], out[1], out[2], out[3]),
             None if lse is None else (lse[0][:1], lse[1][1:], lse[2], lse[3]), *rest)

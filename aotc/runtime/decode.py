@@ -37,6 +37,7 @@ from ..families.sdpa_decode import KV_CHOICES, MAX_SEQLEN_Q
 from . import driver
 from . import validate as V
 from .dlpack import torch_layouts
+from .features import check_features, feature_scalars, missing_kernel
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
@@ -98,10 +99,11 @@ class DecodePlan(Plan):
 
     def __init__(self, runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                  max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
-                 workspace=None, softmax_scale: float | None = None, cu_seqlens_q=None, decode_query_len: int = 0):
+                 workspace=None, softmax_scale: float | None = None, cu_seqlens_q=None, decode_query_len: int = 0,
+                 window_left: int | None = None, softcap: float | None = None, sinks=None):
         """cu_seqlens_q (with decode_query_len, 1..16): ragged Q/O [total_q, H_q, D] and LSE [H_q, total_q];
         the sequences of 1 .. decode_query_len queries are served, the others left alone (Runtime.attention
-        gives them to its paged prefill kernel)."""
+        gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         sl = as_tensor(seqlens_kv, "seqlens_kv")
@@ -114,9 +116,14 @@ class DecodePlan(Plan):
             softmax_scale = 1.0 / math.sqrt(d.head_dim)
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
+        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device)
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
         kv = "dense" if pt is None else f"paged{d.page}"
-        kernel = runtime.select(FAMILY, device, [{"dtype": t["q"].dtype, "head_dim": d.head_dim, "kv": kv,
-                                                  "layout": "dense" if cuq is None else "ragged"}])
+        wanted = {"dtype": t["q"].dtype, "head_dim": d.head_dim, "kv": kv, "layout": "dense" if cuq is None else "ragged",
+                  **feats.fields}
+        if feats.any and runtime.find(FAMILY, device, [wanted]) is None:
+            raise missing_kernel((FAMILY,), wanted)
+        kernel = runtime.select(FAMILY, device, [wanted])
         facts = kernel.artifact.launch.extra  # the tile the cubin was built with
         columns = decode_columns(d.heads_q, d.heads_kv, d.seqlen_q, int(facts["rows_per_cta"]))
         if chunks is None:
@@ -157,7 +164,9 @@ class DecodePlan(Plan):
             # partials [chunk slot, S_q, H_q, D] and [chunk slot, H_q, S_q], fp32
             "op_stride_chunk": rows * d.head_dim, "op_stride_s": d.heads_q * d.head_dim, "op_stride_h": d.head_dim,
             "lp_stride_chunk": rows, "lp_stride_h": d.seqlen_q, "lp_stride_s": 1,
+            **feats.values,
         }
+        self.features = feats
         self.has_lse = ls is not None
         self.paged = pt is not None
         self.ragged = cuq is not None
@@ -170,7 +179,7 @@ class DecodePlan(Plan):
             "q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
         # and page table (new pointers a step may give; the prepared ones otherwise)
-        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws}, {"out": o_, "lse": ls},
+        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws, **feats.inputs()}, {"out": o_, "lse": ls},
                               {"q": q_, "seqlens_kv": sl, "page_table": pt, "cu_seqlens_q": cuq})
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
         self._cq_ptr = 0 if cuq is None else cuq.ptr
@@ -362,12 +371,13 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
 
 
 def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
-           kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, stream=None) -> None:
+           kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, window_left=None, softcap=None,
+           sinks=None, stream=None) -> None:
     """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached."""
-    seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace)
+    seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks)
     if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
-        fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace),
-                         (max_seqlen_kv, kv_layout, chunks, softmax_scale))
+        fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace, sinks),
+                         (max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap)))
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
@@ -378,12 +388,14 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
             ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
              (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
     qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
+    snk = None if sinks is None else as_tensor(sinks, "sinks")
     key = (FAMILY, runtime.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
            tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
-           max_seqlen_kv, kv_layout, chunks, softmax_scale)
+           max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap),
+           None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device))
     plan = cached_plan(runtime, key, lambda: DecodePlan(
         runtime, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
-        workspace=wsr, softmax_scale=softmax_scale))
+        workspace=wsr, softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, sinks=snk))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr, 0 if ptr is None else ptr.ptr,

@@ -60,6 +60,7 @@ class PreparedLaunch:
         missing = set(self.params.slots) - set(values)
         if missing:
             raise ValueError(f"prepared launch of {kernel.variant.name}: no value for parameters {sorted(missing)}")
-        self.params.update(values)
+        # a plan gives every parameter its family's kernels take; one an older kernel lacks is not written
+        self.params.update({name: values[name] for name in self.params.slots})
         self.launch = (lambda stream=0: None) if self.empty else \
             driver.Launcher(self.handle, grid, self.block, self.smem, self.params.address)

@@ -20,6 +20,7 @@ from ..families.schedulers import persistent_grid
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
+from .features import check_features, feature_scalars, missing_kernel
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
@@ -110,7 +111,8 @@ class PrefillPlan(Plan):
 
     def __init__(self, runtime, q, k, v, out, lse=None, *, causal: bool = False, softmax_scale: float | None = None,
                  cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
-                 max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto"):
+                 max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto",
+                 window_left: int | None = None, softcap: float | None = None, sinks=None):
         ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
         t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
         ls = None if lse is None else as_tensor(lse, "lse")
@@ -122,12 +124,15 @@ class PrefillPlan(Plan):
             raise ArgumentError("family", family, f"'auto', {FAMILY!r} or {HOPPER!r}")
         device = runtime.device()
         d = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
+        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal)
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(d.head_dim)
         if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
-        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": "ragged" if ragged else "dense", "causal": causal}
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": "ragged" if ragged else "dense", "causal": causal,
+                  **feats.fields}
         self.ragged = ragged
         self.has_lse = ls is not None
         o_ = t["out"]
@@ -139,27 +144,31 @@ class PrefillPlan(Plan):
             "batch": d.batch, "seqlen_q": d.seqlen_q, "seqlen_kv": d.seqlen_kv, "heads_q": d.heads_q,
             "heads_kv": d.heads_kv, "write_lse": int(ls is not None), "softmax_scale": float(softmax_scale),
             "lse_stride_b": lse_strides[0], "lse_stride_h": lse_strides[1], "lse_stride_s": lse_strides[2],
+            **feats.values,
         }
+        self.features = feats
         values["o_stride_b"], values["o_stride_s"], values["o_stride_h"] = strides(o_)
-        kernel, self.inputs = self._choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize)
+        kernel, self.inputs = self._choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize,
+                                           feats.any)
         values.update(self.inputs.values)
         # the Hopper kernel's paged-layout parameters, unused by dense and ragged variants
         values.update({p.name: 0 for p in kernel.artifact.abi.params if p.name in _PAGED_ONLY})
         bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
-        self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv)
+        self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv, feats.key)
         self.bind(kernel, grid, device, values)
         self.inputs.bind(self)
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
         qkv = ("tma_q", "tma_k", "tma_v") if isinstance(self.inputs, _TmaInputs) else ("q", "k", "v")
         self._mq, self._mk, self._mv, self._mo, self._ml, self._mcq, self._mck = self.masks(
             *qkv, "o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
-        self._spans = V.Spans({}, {"out": o_, "lse": ls},
+        self._spans = V.Spans(feats.inputs(), {"out": o_, "lse": ls},
                               {"q": t["q"], "k": t["k"], "v": t["v"], "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk})
 
     @staticmethod
-    def _choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize):
-        """(kernel, launch strategy): the Hopper family's TMA launch when it fits, else the portable one."""
+    def _choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize, features: bool):
+        """(kernel, launch strategy): the Hopper family's TMA launch when it fits, else the portable one
+        (features: the call asks for some, and a missing kernel is the features' error)."""
         if family != FAMILY:
             kernel = runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, d.seqlen_kv))
             refusal = None if kernel is not None else f"no loaded {HOPPER} kernel fits {wanted} on this device"
@@ -171,8 +180,10 @@ class PrefillPlan(Plan):
                 raise ArgumentError("family", family, f"a usable {HOPPER} kernel: {refusal}")
         packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
                   and (ls is None or V.is_packed(ls)))
-        kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
-                                + [{**wanted, "strides": "general"}])
+        candidates = ([{**wanted, "strides": "packed"}] if packed else []) + [{**wanted, "strides": "general"}]
+        if features and runtime.find(FAMILY, device, candidates) is None:
+            raise missing_kernel((HOPPER, FAMILY) if family == "auto" else (family,), wanted)
+        kernel = runtime.select(FAMILY, device, candidates)
         return kernel, _PointerInputs(t, ragged)
 
     def run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, cu_seqlens_kv: int = 0,
@@ -205,7 +216,7 @@ class PrefillPlan(Plan):
         ls = None if lse is None else as_tensor(lse, "lse")
         cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
         cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
-        got = layout_key(t, ls, cuq, cuk, *self.layout[-4:])
+        got = layout_key(t, ls, cuq, cuk, *self.layout[-5:])
         if got != self.layout:
             raise ArgumentError("tensors", got[:4], f"the layout the plan was prepared for: {self.layout[:4]}")
         self.launch_records(t, ls, cuq, cuk, as_stream(stream))
@@ -267,11 +278,12 @@ def _inputs(t: dict, cuq, cuk) -> dict:
     return inputs
 
 
-def layout_key(t: dict, ls, cuq, cuk, causal, scale, max_q, max_kv) -> tuple:
+def layout_key(t: dict, ls, cuq, cuk, causal, scale, max_q, max_kv, features) -> tuple:
     def d(x):
         return None if x is None else (x.shape, x.strides, x.dtype, x.device)
 
-    return (tuple(d(t[n]) for n in ("q", "k", "v", "out")), d(ls), d(cuq), d(cuk), causal, scale, max_q, max_kv)
+    return (tuple(d(t[n]) for n in ("q", "k", "v", "out")), d(ls), d(cuq), d(cuk), causal, scale, max_q, max_kv,
+            features)
 
 
 def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg | None, ragged: bool,
@@ -347,13 +359,16 @@ def check_prefill(runtime, device: int, t: dict[str, TensorArg], ls: TensorArg |
 
 
 def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
-            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto") -> None:
+            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto",
+            window_left=None, softcap=None, sinks=None) -> None:
     """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
-    seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv)
+    seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, sinks)
+    scalars = feature_scalars(window_left, softcap)
     if seen is not None:  # torch tensors: their layouts, and the alignment bit that picks a specialization
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
-        fast = torch_key(FAMILY, runtime.device(), seen, (), (family, causal, softmax_scale, max_seqlen_q,
-                                                              max_seqlen_kv, not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15))
+        fast = torch_key(FAMILY, runtime.device(), seen, (sinks,),
+                         (family, causal, softmax_scale, max_seqlen_q, max_seqlen_kv,
+                          not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15, scalars))
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(*ptrs, 0 if lse is None else lse.data_ptr(),
@@ -364,12 +379,15 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
     ls = None if lse is None else as_tensor(lse, "lse")
     cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
     cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
+    snk = None if sinks is None else as_tensor(sinks, "sinks")
     key = (FAMILY, family, runtime.device(),
-           layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv),
+           layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv,
+                      (scalars, None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device))),
            all(x.ptr % 16 == 0 for x in t.values()))
     plan = cached_plan(runtime, key, lambda: PrefillPlan(
         runtime, t["q"], t["k"], t["v"], t["out"], ls, causal=causal, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
-        cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, family=family))
+        cu_seqlens_kv=cuk, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, family=family,
+        window_left=window_left, softcap=softcap, sinks=snk))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.launch_records(t, ls, cuq, cuk, as_stream(stream))

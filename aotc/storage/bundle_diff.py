@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..common import cubin
 from ..common.artifact import Artifact
+from ..common.checks import with_defaults
 from .bundle import read_bundle
 
 
@@ -116,8 +117,9 @@ def member_differences(a: Artifact, b: Artifact) -> dict[str, tuple]:
 def diff_bundles(path_a: str | Path, path_b: str | Path) -> BundleDiff:
     """Compare two bundles (each read and verified first: a bad bundle raises BundleError)."""
     ba, bb = read_bundle(path_a, other_sources=True), read_bundle(path_b, other_sources=True)  # old vs new
-    arts_a = {x.variant.name: x for x in ba.artifacts}
-    arts_b = {x.variant.name: x for x in bb.artifacts}
+    # by name, a variant recorded before its family gained a defaulted field named as it is now
+    arts_a = {with_defaults(x.variant).name: x for x in ba.artifacts}
+    arts_b = {with_defaults(x.variant).name: x for x in bb.artifacts}
     d = BundleDiff(str(path_a), str(path_b), producers=(dict(ba.manifest.get("producer") or {}),
                                                          dict(bb.manifest.get("producer") or {})))
     d.only_a = sorted(set(arts_a) - set(arts_b))

@@ -132,11 +132,12 @@ def kv_write_cases():
                     launches += 1
 
 
-def attention_cases(picks=None):
+def attention_cases(picks=None, features=None):
     """Runtime.attention over pools sized to the pages the sequences own (a read past a pool is past its
     allocation) with page-table padding -1: decode rows, S_q 4 rows, chunks whose prefix is in the cache,
     empty sequences, lengths at and around page and kv-block boundaries; every row on the paged kernel,
-    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: all)."""
+    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: all);
+    features: the score features' arguments (feature_kwargs), else none."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
                        for k in rt.kernels.get("sdpa_prefill_sm90", []) if k.variant["layout"].startswith("paged")})
@@ -166,7 +167,73 @@ def attention_cases(picks=None):
             q = torch.randn(total, H_q, D, device="cuda", dtype=t)
             out, lse = torch.empty_like(q), torch.empty(H_q, total, device="cuda")
             for dq in (0, 1):
-                rt.attention(q, k, v, out, cu, sl, pt, lse=lse, kv_layout=layout, decode_query_len=dq)
+                rt.attention(q, k, v, out, cu, sl, pt, lse=lse, kv_layout=layout, decode_query_len=dq,
+                             **feature_kwargs(features, H_q))
+                launches += 1
+
+
+FEATURES = ("window", "softcap", "sinks")
+
+
+def feature_kwargs(v, H_q):
+    """A feature variant's arguments: a window of 128 keys (left-edge blocks, skipped blocks), soft-cap 30,
+    sinks (an H_q fp32 tensor of its own allocation); none for v None."""
+    kw = {}
+    if v is not None and v.get("window"):
+        kw["window_left"] = 127
+    if v is not None and v.get("softcap"):
+        kw["softcap"] = 30.0
+    if v is not None and v.get("sinks"):
+        kw["sinks"] = torch.randn(H_q, device="cuda")
+    return kw
+
+
+def feature_cases(picks=None):
+    """Every loaded variant with a score feature, once: dense and ragged prefill (a window shorter than the
+    sequences, lengths off the tiles), decode over a page pool with splits (the sinks join the merge), and
+    the attention entry point's paged and decode-row kernels. picks: families to run (default: all)."""
+    global launches
+    done = set()
+    for fam in picks or ("sdpa_prefill", "sdpa_prefill_sm90", "sdpa_decode"):
+        for kern in rt.kernels.get(fam, []):
+            v = kern.variant
+            feats = tuple(f for f in FEATURES if v.get(f))
+            key = (fam, v["dtype"], v["head_dim"], v.get("layout"), v.get("kv"), feats)
+            if not feats or key in done:
+                continue
+            done.add(key)
+            t = {"fp16": torch.float16, "bf16": torch.bfloat16}[v["dtype"]]
+            D, H_q, H_kv = v["head_dim"], 8, 2
+            kw = feature_kwargs(v, H_q)
+            layout = v["layout"]
+            if fam != "sdpa_decode" and layout == "dense":
+                q = torch.randn(2, 300, H_q, D, device="cuda", dtype=t)
+                k, vv = (torch.randn(2, 333, H_kv, D, device="cuda", dtype=t) for _ in range(2))
+                out, lse = torch.empty_like(q), torch.empty(2, H_q, 300, device="cuda")
+                rt.prefill(q, k, vv, out, lse, causal=True, family=fam, **kw)
+                launches += 1
+            elif fam != "sdpa_decode" and layout == "ragged":
+                lens_q, lens_kv = [1, 300, 0, 129], [1, 433, 5, 129]
+                cu_q = torch.tensor([0] + list(itertools.accumulate(lens_q)), dtype=torch.int32, device="cuda")
+                cu_k = torch.tensor([0] + list(itertools.accumulate(lens_kv)), dtype=torch.int32, device="cuda")
+                q = torch.randn(sum(lens_q), H_q, D, device="cuda", dtype=t)
+                k, vv = (torch.randn(sum(lens_kv), H_kv, D, device="cuda", dtype=t) for _ in range(2))
+                out, lse = torch.empty_like(q), torch.empty(H_q, sum(lens_q), device="cuda")
+                rt.prefill_ragged(q, k, vv, out, cu_q, cu_k, max(lens_q), max(lens_kv), lse, causal=True,
+                                  family=fam, **kw)
+                launches += 1
+            elif fam == "sdpa_prefill_sm90" or (fam == "sdpa_decode" and layout == "ragged"):
+                attention_cases([(v["dtype"], D, int((v.get("kv") or layout)[len("paged"):]))], v)
+            elif fam == "sdpa_decode":
+                page = int(v["kv"][len("paged"):])
+                lengths = [1, 200, 0, 5000]
+                n = -(-max(lengths) // page)
+                q = torch.randn(len(lengths), 2, H_q, D, device="cuda", dtype=t)
+                k = torch.randn(len(lengths) * n, page, H_kv, D, device="cuda", dtype=t)
+                pt = torch.randperm(len(lengths) * n, device="cuda", dtype=torch.int32).view(len(lengths), n)
+                sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+                out, lse = torch.empty_like(q), torch.empty(len(lengths), H_q, 2, device="cuda")
+                rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max(lengths), **kw)
                 launches += 1
 
 
@@ -175,6 +242,7 @@ if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"), picks=[(128, "dense", False)])
     attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)])  # the paged layouts' V-tail zeroing, barriers
+    feature_cases(["sdpa_prefill_sm90"])  # the window's left-edge and skipped blocks in the warp-specialized loop
 else:
     combine_cases()
     prefill_cases("sdpa_prefill")
@@ -184,5 +252,7 @@ else:
     decode_cases()
     kv_write_cases()
     attention_cases(None if mode == "all" else [("bf16", 128, 16)])
+    if mode == "all":
+        feature_cases()
 torch.cuda.synchronize()
 print(f"sanitizer cases: {launches} launches ({mode})")

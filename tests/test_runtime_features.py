@@ -1,0 +1,195 @@
+"""The score features (sliding window, soft-cap, sinks) without a GPU: the families' fields and validity
+rule, the spec default (off unless listed), the runtime's argument checks, dispatch on exactly the features
+asked for, the values a plan launches with, and the plan-cache keys (tests/gpu/test_features.py checks
+the kernels' numbers on the H200)."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+import aotc.runtime.attention as A
+from aotc.build.spec import enumerate_spec
+from aotc.common.errors import ArgumentError
+from aotc.families import get_family
+from aotc.families.features import FEATURE_PARAMS, FEATURES
+from aotc.families.sdpa_prefill_sm90 import PARAMS
+from aotc.runtime import tensor
+from aotc.runtime.features import check_features, feature_scalars
+from test_runtime_attention import fake_kernel
+from test_runtime_attention_plan import GAP, H, D, launches, step  # noqa: F401 (launches: a fixture)
+
+ATTENTION_FAMILIES = ("sdpa_prefill", "sdpa_prefill_sm90", "sdpa_decode")
+
+
+@pytest.mark.parametrize("family", ATTENTION_FAMILIES)
+def test_every_attention_family_has_the_three_fields_and_parameters(family):
+    fam = get_family(family)
+    for name in FEATURES:
+        f = fam.field(name)
+        assert f.choices == (False, True) and f.unlisted == (False,)
+    v = SimpleNamespace()  # the attention families' parameter lists do not depend on the variant
+    assert fam.params(v)[-3:] == FEATURE_PARAMS
+    assert [p.name for p in FEATURE_PARAMS] == ["sinks", "window_left", "softcap"]
+
+
+def test_a_spec_leaves_features_off_unless_it_lists_them():
+    doc = {"family": [{"name": "sdpa_prefill", "arch": ["sm_90"], "dtype": ["bf16"], "head_dim": [128],
+                       "layout": ["dense"], "causal": [True], "strides": ["general"]}]}
+    (v,) = enumerate_spec(doc).variants
+    assert not any(v[f] for f in FEATURES)
+    doc["family"][0].update(window=[False, True], sinks=[True])
+    got = {(v["window"], v["softcap"], v["sinks"]) for v in enumerate_spec(doc).variants}
+    assert got == {(False, False, True), (True, False, True)}
+
+
+@pytest.mark.parametrize("family,extra", [("sdpa_prefill", {"strides": ["general"]}),
+                                          ("sdpa_prefill_sm90", {"block_n": [128]})])
+def test_a_window_without_causal_is_pruned_with_its_reason(family, extra):
+    doc = {"family": [{"name": family, "arch": ["sm_90a" if family.endswith("sm90") else "sm_90"],
+                       "dtype": ["bf16"], "head_dim": [128], "layout": ["dense"], "causal": [False, True],
+                       "window": [True], **extra}]}
+    s = enumerate_spec(doc)
+    assert [v["causal"] for v in s.variants] == [True]
+    (p,) = s.pruned
+    assert p.values["causal"] is False and "window needs causal = true" in p.reason
+
+
+def test_decode_serves_every_feature_combination():
+    fam = get_family("sdpa_decode")
+    assert fam.why_invalid({"dtype": "bf16", "head_dim": 128, "kv": "paged16", "layout": "ragged",
+                            "window": True, "softcap": True, "sinks": True}) is None
+
+
+SINKS = tensor(1 << 44, (H,), (1,), "fp32")
+
+
+@pytest.mark.parametrize("kwargs,name,expected", [
+    ({"window_left": -1}, "window_left", "None (no window) or an int in [0"),
+    ({"window_left": True}, "window_left", "None (no window)"),
+    ({"window_left": 2.0}, "window_left", "None (no window)"),
+    ({"window_left": 1 << 31}, "window_left", "2147483647"),
+    ({"window_left": 128, "causal": False}, "window_left", "pass causal=True"),
+    ({"softcap": 0.0}, "softcap", "finite float > 0"),
+    ({"softcap": -30.0}, "softcap", "finite float > 0"),
+    ({"softcap": math.nan}, "softcap", "finite float > 0"),
+    ({"softcap": math.inf}, "softcap", "finite float > 0"),
+    ({"softcap": True}, "softcap", "finite float > 0"),
+    ({"sinks": tensor(1 << 44, (H,), (1,), "bf16")}, "sinks.dtype", "fp32"),
+    ({"sinks": tensor(1 << 44, (H + 1,), (1,), "fp32")}, "sinks.shape[0]", f"H_q = {H}"),
+    ({"sinks": tensor(1 << 44, (1, H), (H, 1), "fp32")}, "sinks.shape", "1 dimensions"),
+    ({"sinks": tensor(1 << 44, (H,), (2,), "fp32")}, "sinks.stride[0]", "contiguous"),
+    ({"sinks": tensor((1 << 44) + 2, (H,), (1,), "fp32")}, "sinks.data_ptr", "multiple of 4"),
+    ({"sinks": tensor(1 << 44, (H,), (1,), "fp32", device=1)}, "sinks.device", "the current device"),
+])
+def test_bad_feature_arguments_are_named(kwargs, name, expected):
+    args = {"window_left": None, "softcap": None, "sinks": None, "causal": True, **kwargs}
+    causal = args.pop("causal")
+    with pytest.raises(ArgumentError) as e:
+        check_features(**args, heads_q=H, device=0, causal=causal)
+    assert e.value.name == name and expected in e.value.expected
+
+
+def test_features_give_fields_values_and_a_key():
+    f = check_features(4095, 50, SINKS, heads_q=H, device=0)
+    assert f.fields == {"window": True, "softcap": True, "sinks": True} and f.any
+    assert f.values == {"window_left": 4095, "softcap": 50.0, "sinks": SINKS.ptr}
+    off = check_features(None, None, None, heads_q=H, device=0)
+    assert off.fields == {"window": False, "softcap": False, "sinks": False} and not off.any
+    assert off.values == {"window_left": 0, "softcap": 0.0, "sinks": 0}
+    # window_left 0 (a row sees only its own key) is a window, not "off"
+    assert check_features(0, None, None, heads_q=H, device=0).fields["window"]
+    # keys tell the types apart: True (refused) must never find window_left=1's plan
+    assert feature_scalars(True, None) != feature_scalars(1, None)
+    assert feature_scalars(None, 50) != feature_scalars(None, 50.0)
+
+
+class FeatureRuntime:
+    """The paged kernel with the features in `have` (and no decode kernel: every row goes to it)."""
+
+    def __init__(self, have: dict):
+        self.plans = {}
+        self.have = have
+        self.asked = []
+
+    def device(self):
+        return 0
+
+    def field_values(self, family, field, device):
+        return {"paged16"}
+
+    def find(self, family, device, candidates):
+        self.asked.append((family, candidates))
+        if family == "sdpa_decode":
+            return None
+        for want in candidates:
+            if all(want.get(f, False) == self.have.get(f, False) for f in FEATURES):
+                k = fake_kernel(D, 16, 128)
+                k.artifact.abi = SimpleNamespace(params=PARAMS)
+                return k
+        return None
+
+    def remember_plan(self, key, plan):
+        self.plans[key] = plan
+
+
+def test_the_plan_launches_with_the_feature_values(launches):  # noqa: F811 (the fixture)
+    rt = FeatureRuntime({"window": True, "sinks": True})
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    sinks = tensor(q.ptr + 9 * GAP, (H,), (1,), "fp32")
+    A.attention(rt, q, k, v, o, cu, sl, pt, window_left=127, sinks=sinks)
+    assert launches[-1]["window_left"] == 127 and launches[-1]["sinks"] == sinks.ptr
+    assert launches[-1]["softcap"] == 0.0
+    # dispatch asked for exactly these features (the decode kernel too)
+    assert all(c.get("window") is True and c.get("sinks") is True and c.get("softcap") is False
+               for _, cands in rt.asked for c in cands)
+
+
+def test_a_plain_call_launches_with_every_feature_off(launches):  # noqa: F811
+    rt = FeatureRuntime({})
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    A.attention(rt, q, k, v, o, cu, sl, pt)
+    assert (launches[-1]["window_left"], launches[-1]["softcap"], launches[-1]["sinks"]) == (0, 0.0, 0)
+
+
+def test_a_feature_no_loaded_kernel_has_names_what_to_build(launches):  # noqa: F811
+    rt = FeatureRuntime({"window": True})
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    with pytest.raises(ArgumentError) as e:
+        A.attention(rt, q, k, v, o, cu, sl, pt, window_left=127, softcap=30.0)
+    msg = str(e.value)
+    assert "window/softcap" in msg and "softcap = [true]" in msg and "window = [true]" in msg
+    assert "aotc build" in msg and "sdpa_prefill_sm90" in msg
+    assert not launches
+
+
+def test_other_feature_values_are_other_plans(launches):  # noqa: F811
+    rt = FeatureRuntime({"window": True})
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    A.attention(rt, q, k, v, o, cu, sl, pt, window_left=127)
+    A.attention(rt, q, k, v, o, cu, sl, pt, window_left=127)
+    A.attention(rt, q, k, v, o, cu, sl, pt, window_left=4095)
+    assert len({id(p) for p in rt.plans.values()}) == 2
+    assert [x["window_left"] for x in launches] == [127, 127, 4095]
+
+
+def test_an_output_overlapping_the_sinks_is_refused(launches):  # noqa: F811
+    rt = FeatureRuntime({"sinks": True})
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    with pytest.raises(ArgumentError, match="sinks"):
+        A.attention(rt, q, k, v, o, cu, sl, pt, sinks=tensor(o.ptr, (H,), (1,), "fp32"))
+    assert not launches
+
+
+def test_a_record_from_before_the_features_is_the_kernel_without_them():
+    """A variant recorded before the fields existed passes the checks (bundles of an older aotc read; their
+    older parameter lists keep them from serving) and is named as the plain kernel it is."""
+    from aotc.common.checks import check_variant, with_defaults
+    from aotc.common.variant import Variant
+
+    old = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16", layout="dense")
+    check_variant(old)
+    assert with_defaults(old) == Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16",
+                                              layout="dense", window=False, softcap=False, sinks=False)
+    assert old.get("window") is None  # dispatch asks for window=False: an old record never matches
