@@ -12,8 +12,10 @@ of 10 steps:
   with cache_seqlens = the case's lengths (it reads only those tokens);
 * aa: a second plan of the same kernel on the same tensors (the A/A control: how far two identical
   contenders land apart);
-* base (with --baseline-bundle): the previous aotc's decode kernel (one split count per plan, from the
-  longest length), through benchmarks/legacy.py, on the case's batch: the A/B of the kernel change.
+* base (with --baseline-bundle): the previous aotc's decode kernel on the case's batch, through
+  benchmarks/legacy.py: a bundle from before the chunk schedule (one split count per plan, from the
+  longest length) as that aotc launched it, a later one through this runtime's DecodePlan: the A/B of the
+  kernel change.
 
 Effective bandwidth = bytes of K and V actually read (2 * tokens * H_kv * D * 2) / time. Every case is
 first checked against torch's math on dense KV (max abs error). Writes decode_varlen.json (rows: case,
@@ -117,11 +119,13 @@ def main() -> None:
 
     fa3 = import_fa3() if args.fa3 else None
     rt = aotc.runtime.load(args.bundle)
-    legacy = None
+    legacy = base_rt = None
     if args.baseline_bundle:
-        from benchmarks.legacy import LegacyDecode, legacy_decode_kernels
+        from benchmarks.legacy import LegacyDecode, legacy_decode_kernels, load_old_runtime
 
-        legacy = legacy_decode_kernels(args.baseline_bundle)[("bf16", 128, "paged16")]
+        legacy = legacy_decode_kernels(args.baseline_bundle).get(("bf16", 128, "paged16"))
+        if legacy is None:  # the chunk schedule's parameters (less any this aotc added)
+            base_rt = load_old_runtime(args.baseline_bundle, ("sdpa_decode",))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -152,6 +156,11 @@ def main() -> None:
                                 max(lengths), sms)
             row["base_splits"] = base.splits
             contenders["base"] = lambda p=base: p(cur())
+        if base_rt is not None:
+            base_out = torch.empty_like(cache.out)
+            base = base_rt.prepare_decode(cache.q, cache.k, cache.v, base_out, cache.sl, cache.pt)
+            row["base_chunks"] = base.chunks
+            contenders["base"] = lambda p=base, c=cache, o=base_out: p.run(c.q.data_ptr(), o.data_ptr(), 0, 0, 0, cur())
         if fa3 is not None:
             def fa3_call(q=cache.q, kd=kd, vd=vd, sl=cache.sl):
                 fa3.flash_attn_with_kvcache(q, kd, vd, cache_seqlens=sl, causal=True)

@@ -220,11 +220,14 @@ def derive(row: dict) -> None:
     if row["kind"] == "decode":
         ratio("speedup", "aotc_plain", "aotc")
         for name, field, key in (("aotc", "window_TBps", "kv_bytes"), ("aotc_plain", "plain_TBps", "plain_kv_bytes"),
-                                 ("fa3", "fa3_TBps", "kv_bytes"), ("fa3_plain", "fa3_plain_TBps", "plain_kv_bytes")):
+                                 ("fa3", "fa3_TBps", "kv_bytes"), ("fa3_plain", "fa3_plain_TBps", "plain_kv_bytes"),
+                                 ("plain_short", "plain_short_TBps", "kv_bytes")):
             if name in t and key in row:
                 row[field] = row[key] / t[name] / 1e6
         if "window_TBps" in row and "plain_TBps" in row:
             row["bw_ratio"] = row["window_TBps"] / row["plain_TBps"]
+        if "window_TBps" in row and "plain_short_TBps" in row:
+            row["x_plain_short"] = row["window_TBps"] / row["plain_short_TBps"]
     elif "flops" in row:
         for name, ms in t.items():
             plain = name in ("aotc_plain", "aa", "fa3_plain") or row["kind"] == "aa"
@@ -482,7 +485,7 @@ def run_prefill(rt, fa3, sinks_param, case: Case, seed: int, rounds: int, flush)
             feat_ref = reference(qs, k[b], v[b], positions, scale=scale, window_left=case.window_left,
                                  softcap=case.softcap, sinks=check_sinks)
         refs[b] = (feat_ref, plain_ref)
-    row["feature_effect"] = max(float((f - p).abs().max()) for f, p in refs.values())
+    row["feature_effect"] = max(float((f - p).abs().max()) for f, p, *_ in refs.values())
     row["checked_rows"] = len(positions) * len(checked)
 
     def check_of(name, out) -> float:
@@ -543,7 +546,11 @@ def run_decode(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
     row = base_row(case)
     lengths = [case.seqlen] * case.batch
     pool = Pool(lengths, case.heads_q, case.heads_kv, case.head_dim, seed)
-    outs = {name: torch.empty_like(pool.out) for name in ("aotc", "aotc_plain", "aa")}
+    outs = {name: torch.empty_like(pool.out) for name in ("aotc", "aotc_plain", "aa", "plain_short")}
+    # the control: the plain kernel over as many keys as the window holds (its own lengths, the same pages),
+    # so the same bytes (plain_short_TBps; x_plain_short = window_TBps / plain_short_TBps)
+    short = [min(n, case.window_left + 1) for n in lengths] if case.window_left is not None else None
+    sl_short = None if short is None else torch.tensor(short, dtype=torch.int32, device=DEVICE)
     plans: dict = {}
     feat = feature_kwargs(case)
     args = (pool.k, pool.v)
@@ -552,6 +559,9 @@ def run_decode(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
                                                                         pool.pt))
     prepare(row, plans, "aa", lambda: rt.prepare_decode(pool.q, *args, outs["aa"], pool.sl, pool.pt,
                                                         chunks=None if plain is None else plain.chunks))
+    if sl_short is not None:
+        prepare(row, plans, "plain_short", lambda: rt.prepare_decode(pool.q, *args, outs["plain_short"], sl_short,
+                                                                     pool.pt))
     for name, p in plans.items():
         row[f"{name}_chunks"] = getattr(p, "chunks", None)
     kd = vd = None
@@ -583,12 +593,14 @@ def run_decode(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
         n = lengths[b]
         kb, vb = pool.keys(b)
         qs = pool.q[b]  # [1, H_q, D]
+        m = n if short is None else short[b]
         refs[b] = (reference(qs, kb, vb, [n - 1], scale=scale, window_left=case.window_left),
-                   reference(qs, kb, vb, [n - 1], scale=scale))
-    row["feature_effect"] = max(float((f - p).abs().max()) for f, p in refs.values())
+                   reference(qs, kb, vb, [n - 1], scale=scale),
+                   reference(qs, kb[:m], vb[:m], [m - 1], scale=scale))
+    row["feature_effect"] = max(float((f - p).abs().max()) for f, p, *_ in refs.values())
 
     def check_of(name, out) -> float:
-        which = 0 if name in ("aotc", "fa3") else 1
+        which = 0 if name in ("aotc", "fa3") else 2 if name == "plain_short" else 1
         return max(float((out[b].float() - refs[b][which]).abs().max()) for b in checked)
 
     check_and_time(row, fns_of, check_of, lambda fn: graph_time(fn, flush), rounds, "us")

@@ -50,8 +50,14 @@ def _named_subset(art) -> bool:
 
 
 def load_prefill_runtime(path: str):
-    """A Runtime over the old bundle's prefill/combine artifacts: those whose parameters are this aotc's
-    (ABI upgraded), and those whose parameters are a named subset of them (launched with their own list)."""
+    """A Runtime over the old bundle's prefill/combine artifacts (load_old_runtime)."""
+    return load_old_runtime(path, ("sdpa_prefill", "sdpa_prefill_sm90", "sdpa_combine"))
+
+
+def load_old_runtime(path: str, families: tuple[str, ...]):
+    """A Runtime over the old bundle's artifacts of `families`: those whose parameters are this aotc's (ABI
+    upgraded), and those whose parameters are a named subset of them (launched with their own list: e.g.
+    the decode kernel from before the score features)."""
     from aotc.runtime import Runtime
     from aotc.storage.bundle import read_bundle
 
@@ -71,7 +77,7 @@ def load_prefill_runtime(path: str):
 
     arts = []
     for a in read_bundle(path, other_sources=True).artifacts:
-        if a.variant.family not in ("sdpa_prefill", "sdpa_prefill_sm90", "sdpa_combine"):
+        if a.variant.family not in families:
             continue
         up = _upgraded(a)
         if up is not None or _named_subset(a):

@@ -471,6 +471,9 @@ def test_the_whole_program_on_a_fake_runtime(tmp_path, monkeypatch, capsys):
     assert (d["aotc_us"], d["aotc_plain_us"], d["aa_chunks"]) == (100.0, 400.0, d["aotc_plain_chunks"])
     assert d["window_TBps"] == pytest.approx(kv_bytes([40] * 3, 2, 16, 9) / 100e-6 / 1e12)
     assert d["bw_ratio"] == pytest.approx((10 / 40) * 4) and d["goal_met"] is True
+    # the control: the plain kernel over the window's keys (the same bytes), checked against its own reference
+    assert d["plain_short_max_abs_err"] < 0.02 and d["plain_short_TBps"] == pytest.approx(d["kv_bytes"] / 400e-6 / 1e12)
+    assert d["x_plain_short"] == pytest.approx(d["window_TBps"] / d["plain_short_TBps"])
 
     a = rows["t_aa"]
     assert a["feature_effect"] == 0 and a["ratio"] == 1.0 and a["goal_met"] is True

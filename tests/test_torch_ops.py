@@ -42,13 +42,16 @@ def _bottom_right(s_q, s_kv, causal):
 
 
 class Reference:
-    """What aotc.runtime.Runtime does, in torch math (records each call)."""
+    """What aotc.runtime.Runtime does, in torch math (records each call, and the score features it was given:
+    their math is the GPU suite's, tests/gpu/test_features.py)."""
 
     def __init__(self):
         self.calls = []
+        self.features = []
 
-    def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None):
+    def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None, **features):
         self.calls.append(("prefill", stream))
+        self.features.append(features)
         scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
         for b in range(q.shape[0]):
             o, l = _attend(q[b], k[b], v[b], scale, _bottom_right(q.shape[1], k.shape[1], causal))
@@ -57,8 +60,9 @@ class Reference:
                 lse[b].copy_(l)
 
     def prefill_ragged(self, q, k, v, out, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, lse=None, *,
-                       causal=False, softmax_scale=None, stream=None):
+                       causal=False, softmax_scale=None, stream=None, **features):
         self.calls.append(("prefill_ragged", stream))
+        self.features.append(features)
         scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_kv.tolist()
         for b in range(len(cq) - 1):
@@ -72,8 +76,9 @@ class Reference:
         return 0 if chunks <= 1 else (chunks + batch) * seqlen_q * heads_q * (head_dim + 1) * 4
 
     def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
-               kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, stream=None):
+               kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, stream=None, **features):
         self.calls.append(("decode", stream, chunks, None if workspace is None else workspace.numel()))
+        self.features.append(features)
         if workspace is not None:
             workspace.zero_()  # the kernel writes its partials there
         scale = softmax_scale or 1 / math.sqrt(q.shape[-1])
@@ -300,6 +305,24 @@ def test_out_variants_write_the_callers_buffers(ref):
     out, lse = torch.full_like(qd, math.nan), torch.full((2, 4, 1), math.nan)
     aotc_torch.decode(qd, kc, vc, seqlens, pt, out=out, lse=lse)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_the_ops_pass_the_score_features_to_the_runtime(ref):
+    """window_left, softcap and sinks reach the runtime from every op (None when left out)."""
+    sinks = torch.zeros(4)
+    off = {"window_left": None, "softcap": None, "sinks": None}
+    q, k, v = dense(s_q=6, s_kv=9)
+    aotc_torch.prefill(q, k, v, causal=True)
+    assert ref.features[-1] == off
+    aotc_torch.prefill(q, k, v, causal=True, window_left=3, softcap=30.0, sinks=sinks)
+    got = ref.features[-1]
+    assert (got["window_left"], got["softcap"]) == (3, 30.0) and got["sinks"] is sinks
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 6)
+    torch.ops.aotc.prefill_out(q, k, v, out, lse, True, None, 5, None, sinks)
+    assert ref.features[-1]["window_left"] == 5 and ref.features[-1]["sinks"] is sinks
+    qd, kc, vc, seqlens, pt = paged()
+    aotc_torch.decode(qd, kc, vc, seqlens, pt, window_left=127, softcap=50.0)
+    assert ref.features[-1] == {"window_left": 127, "softcap": 50.0, "sinks": None}
 
 
 def test_ops_compute_what_the_runtime_computes(ref):

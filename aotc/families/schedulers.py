@@ -37,13 +37,19 @@ def decode_grid(columns: int, chunks: int, batch: int) -> tuple[int, int, int]:
     return (columns, chunks + batch, 1)
 
 
+def absorbs(blocks: int, chunk: int) -> bool:
+    """KvChunks.absorbs: a sequence's rest of under chunk / 4 blocks goes into its last full chunk."""
+    return blocks >= chunk and 0 < 4 * (blocks % chunk) < chunk
+
+
 def kv_chunk_partition(kv_blocks: list[int], chunks: int, min_chunk_blocks: int) -> list[tuple[int, int, int]]:
     """The (sequence, first block, blocks) of every chunk KvChunks makes, in chunk-index order, for the given
     kv blocks per sequence: the same arithmetic as the kernel, for tests and benchmark reports."""
     total = sum(kv_blocks)
     c = max(min_chunk_blocks, -(-total // chunks))
-    full = [(b, j * c, c) for b, n in enumerate(kv_blocks) for j in range(n // c)]
-    partial = [(b, n // c * c, n % c) for b, n in enumerate(kv_blocks) if n % c or n == 0]
+    full = [(b, j * c, c + (n % c if j == n // c - 1 and absorbs(n, c) else 0))
+            for b, n in enumerate(kv_blocks) for j in range(n // c)]
+    partial = [(b, n // c * c, n % c) for b, n in enumerate(kv_blocks) if (n % c and not absorbs(n, c)) or n == 0]
     return full + partial
 
 

@@ -327,7 +327,7 @@ class SdpaDecode:
             key0 = ctx.lo + n * self.BN + wn * self.KW + col0
         for r in cutlass.range_constexpr(2):
             if cutlass.const_expr(self.SOFTCAP):
-                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
+                softcap_row(S_mn, r, ctx.cap_in)
             if cutlass.const_expr(masked):
                 if cutlass.const_expr(self.WINDOW):
                     mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
@@ -684,7 +684,7 @@ class SdpaDecode:
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
         )
         score = ScoreScale(softmax_scale, softcap, self.SOFTCAP)
-        ctx.scale_log2, ctx.cap_in, ctx.cap_out = score.scale_log2, score.cap_in, score.cap_out
+        ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         if cutlass.const_expr(self.PAGED):
             ctx.pg = cute.make_rmem_tensor((self.N_PG,), Int32)
         # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums

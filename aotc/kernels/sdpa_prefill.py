@@ -234,7 +234,7 @@ class SdpaPrefill:
             changed = False
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(self.softcap):
-                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
+                softcap_row(S_mn, r, ctx.cap_in)
             if cutlass.const_expr(masked):
                 mask_row(S_mn, r, t0ScS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
             if cutlass.const_expr(self.lazy_rescale):
@@ -423,7 +423,7 @@ class SdpaPrefill:
                 head=head, sinks=sinks, window_left=window_left,
             )
             score = ScoreScale(softmax_scale, softcap, self.softcap)
-            ctx.scale_log2, ctx.cap_in, ctx.cap_out = score.scale_log2, score.cap_in, score.cap_out
+            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
             # fp32 O accumulator, running row max and per-thread partial row sum
             ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
             ctx.acc_O.fill(0.0)

@@ -111,6 +111,9 @@ class SdpaPrefillSm90:
         self.causal = causal = bool(variant["causal"])
         # score features (aotc.families.features): compiled in or not, their values are parameters
         self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
+        # soft-cap's tanh doubles the MUFU work of a score: at D <= 128 (as few tensor-core cycles a score
+        # as MUFU ones) half the exp2s go to the FMA pipe (softmax.exp2_fma)
+        self.emulate_exp2 = self.softcap and int(variant["head_dim"]) <= 128
         self.tile = t = tile or family_tile(D, int(variant["block_n"]))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
         self.chunks = D // TMA_BOX_COLS
@@ -350,7 +353,7 @@ class SdpaPrefillSm90:
             key_lim, causal_lim = score_limits(ctx.row0, n * self.bn, ctx.col0, ctx.s_q, ctx.s_kv)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(self.softcap):
-                softcap_row(S_mn, r, ctx.cap_in, ctx.cap_out)
+                softcap_row(S_mn, r, ctx.cap_in)
             if cutlass.const_expr(masked):
                 if cutlass.const_expr(self.paged):  # GQA-packed rows: each row's own key limits
                     key0 = n * self.bn + ctx.col0
@@ -360,7 +363,7 @@ class SdpaPrefillSm90:
                         mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - key0)
                 else:
                     mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
-            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2, emulate_exp2=self.emulate_exp2)
             ctx.alpha[r] = alpha
 
     @cute.jit
@@ -736,7 +739,6 @@ class SdpaPrefillSm90:
             score = ScoreScale(softmax_scale, softcap, self.softcap)
             ctx.scale_log2 = score.scale_log2
             ctx.cap_in = score.cap_in
-            ctx.cap_out = score.cap_out
             ctx.window_left = window_left
             ctx.sinks = sinks
             ctx.write_lse = write_lse

@@ -125,7 +125,10 @@ class KvChunks:
     * the batch holds W kv blocks (block_n keys each) in all; with T target chunks (the runtime's: one
       wave of CTAs per (KV head, row tile)), every chunk is C = max(min_chunk_blocks, ceil(W / T)) blocks;
     * sequence b of n_b blocks has floor(n_b / C) full chunks and, when C does not divide n_b (or n_b = 0,
-      whose empty chunk writes O = 0, LSE = -inf), one partial chunk of the rest;
+      whose empty chunk writes O = 0, LSE = -inf), one partial chunk of the rest, unless the rest is under
+      C / 4 blocks and the sequence has a full chunk: its last full chunk then takes them (absorbs(): a
+      chunk of a few blocks costs a CTA's whole start and merge, and partial chunks run after the wave of
+      full ones, so a B16 x 4k window step spent a tenth of its time on 1-block chunks);
     * chunk index y (blockIdx.y) enumerates every full chunk first, in sequence order, then every partial
       one: the largest pieces are dispatched first, so the tail of the launch holds the small ones.
     * windowed (sliding window, window_left w): a sequence's kv blocks are those from its first query's
@@ -169,6 +172,12 @@ class KvChunks:
     @cute.jit
     def kv_blocks(self, seqlens_kv, b, max_pages):
         return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
+
+    @cute.jit
+    def absorbs(self, nb, fb, c):
+        """Whether a sequence of nb kv blocks (fb full chunks of c) has its rest in its last full chunk."""
+        rest = nb - fb * c
+        return fb >= 1 and rest > 0 and 4 * rest < c
 
     @cute.jit
     def counted(self, n):
@@ -247,14 +256,14 @@ class KvChunks:
                     fbv[i] = nb // c
                     pbv[i] = Int32(0)
                     if nt[i] >= 0:  # a sequence this kernel serves
-                        if nb - fbv[i] * c > 0 or nb == 0:
+                        if (nb - fbv[i] * c > 0 and not self.absorbs(nb, fbv[i], c)) or nb == 0:
                             pbv[i] = Int32(1)
                 else:
                     nb = (nt[i] + (bn - 1)) // bn
                     fbv[i] = nb // c
                     pbv[i] = Int32(0)
                     if r0 + SEQS_PER_LANE * lane + i < batch:
-                        if nb - fbv[i] * c > 0 or nb == 0:
+                        if (nb - fbv[i] * c > 0 and not self.absorbs(nb, fbv[i], c)) or nb == 0:
                             pbv[i] = Int32(1)
                 mine = mine + (fbv[i] << 16) + pbv[i]
             incl = _warp_inclusive_scan(mine, lane)
@@ -304,6 +313,8 @@ class KvChunks:
             seq = Int32(-1)
         elif full != 0:
             hi = cutlass.min(lo + c * bn, s_kv)
+            if has_partial == 0 and j == n_full - 1:  # the last full chunk takes the rest (absorbs())
+                hi = s_kv
         if cutlass.const_expr(self.window):
             if hit != 0:  # s_kv counted the keys from kv_first() on: shift the range past it
                 s_all = self.kv_tokens(seqlens_kv, seq, max_pages)
