@@ -111,9 +111,6 @@ class SdpaPrefillSm90:
         self.causal = causal = bool(variant["causal"])
         # score features (aotc.families.features): compiled in or not, their values are parameters
         self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
-        # soft-cap's tanh doubles the MUFU work of a score: at D <= 128 (as few tensor-core cycles a score
-        # as MUFU ones) half the exp2s go to the FMA pipe (softmax.exp2_fma)
-        self.emulate_exp2 = self.softcap and int(variant["head_dim"]) <= 128
         self.tile = t = tile or family_tile(D, int(variant["block_n"]))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
         self.chunks = D // TMA_BOX_COLS
@@ -363,7 +360,7 @@ class SdpaPrefillSm90:
                         mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - key0)
                 else:
                     mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
-            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2, emulate_exp2=self.emulate_exp2)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             ctx.alpha[r] = alpha
 
     @cute.jit

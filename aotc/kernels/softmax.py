@@ -17,11 +17,6 @@ Score features (aotc.families.features): soft-cap rewrites a row's scores before
 softcap * log2(e), which folds the cap's multiply into the exponent's FFMA, as FA3 does: ScoreScale gives
 both); sinks enter once, when a row is normalized (normalize_rows' sink_log2: the sink logit joins the
 denominator and the LSE).
-
-Soft-cap doubles a score's MUFU work (tanh, then exp2): at D128 the MUFU pipe then needs as many cycles as
-the tensor cores. softmax_row(emulate_exp2=True) computes every other exp2 on the FMA pipe instead
-(exp2_fma: a degree-3 polynomial, relative error 2.2e-4, below P's 16-bit rounding), as FA4 does on
-Blackwell.
 """
 import math
 
@@ -43,14 +38,12 @@ def quad_allreduce(val, op):
 
 
 @cute.jit
-def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_slack_log2: cutlass.Constexpr = 0.0,
-                emulate_exp2: cutlass.Constexpr = False):
+def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_slack_log2: cutlass.Constexpr = 0.0):
     """Online-softmax step for this thread's row r of a score tile (already masked with -inf):
     S_mn[r] becomes p = 2^(s * scale_log2 - max * scale_log2), row_max[r] the running max (over
     the quad), row_sum[r] this thread's partial running sum; returns the factor alpha by which
     the row's earlier O and sum must be scaled. A row that has seen no visible key keeps max
-    -inf and takes offset 0, so every p is 2^-inf = 0 (not NaN). emulate_exp2: every other column's
-    exp2 on the FMA pipe (exp2_fma)."""
+    -inf and takes offset 0, so every p is 2^-inf = 0 (not NaN)."""
     row = S_mn[r, None].load()
     m_prev = row_max[r]
     m_cur = quad_allreduce(row.reduce(cute.ReductionOp.MAX, m_prev, 0), cute.arch.fmax)
@@ -61,13 +54,7 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_sl
         m_cur = m_prev if (m_cur - m_prev) * scale_log2 <= Float32(max_slack_log2) else m_cur
     row_max[r] = m_cur
     m_scaled = (Float32(0.0) if m_cur == Float32(NEG_INF) else m_cur) * scale_log2
-    if cutlass.const_expr(emulate_exp2):
-        for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
-            x = S_mn[r, c] * scale_log2 - m_scaled
-            S_mn[r, c] = exp2_fma(x) if c % 2 == 1 else cute.math.exp2(x, fastmath=True)
-        p = S_mn[r, None].load()
-    else:
-        p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
+    p = cute.math.exp2(row * scale_log2 - m_scaled, fastmath=True)
     alpha = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
     # per-thread partial row sums; the quad reduction is done once, at the end
     row_sum[r] = row_sum[r] * alpha + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
@@ -97,34 +84,6 @@ def softcap_row(S_mn, r: cutlass.Constexpr, cap_in):
     score, as FA3's); the softcap factor is in ScoreScale.scale_log2."""
     for c in cutlass.range_constexpr(cute.size(S_mn, mode=[1])):
         S_mn[r, c] = cute.math.tanh(S_mn[r, c] * cap_in, approx=True)
-
-
-# 2^f on [-0.5, 0.5], a degree-3 fit of least maximum relative error (2.2e-4), as f32 bit patterns
-_EXP2_POLY = ("0f3F7FFD8F", "0f3F318EE7", "0f3E77F6AA", "0f3D588B86")
-_EXP2_FMA_PTX = (
-    "{ .reg .f32 x, t, n, f, p; .reg .b32 tb, pb;\n"
-    "max.f32 x, $1, 0fC2FE0000;\n"         # x >= -127: 2^-127 and below become exactly 0 (-inf too)
-    "add.rn.f32 t, x, 0f4B400000;\n"       # + 1.5 * 2^23: round(x) in t's low mantissa bits
-    "sub.rn.f32 n, t, 0f4B400000;\n"
-    "sub.rn.f32 f, x, n;\n"                # f = x - round(x), in [-0.5, 0.5]
-    f"fma.rn.f32 p, f, {_EXP2_POLY[3]}, {_EXP2_POLY[2]};\n"
-    f"fma.rn.f32 p, p, f, {_EXP2_POLY[1]};\n"
-    f"fma.rn.f32 p, p, f, {_EXP2_POLY[0]};\n"
-    "mov.b32 tb, t; mov.b32 pb, p;\n"
-    "shl.b32 tb, tb, 23;\n"                # round(x) << 23 (t's other bits shift out)
-    "add.s32 pb, pb, tb;\n"                # 2^f * 2^round(x)
-    "mov.b32 $0, pb; }"
-)
-
-
-def exp2_fma(x):
-    """2^x (x <= 128) on the FMA and integer pipes instead of the MUFU: round, a polynomial for the
-    fraction, the integer part added to the exponent."""
-    from cutlass._mlir.dialects import llvm
-
-    return Float32(llvm.inline_asm(Float32.mlir_type, [Float32(x).ir_value()], _EXP2_FMA_PTX, "=f,f",
-                                   has_side_effects=False, is_align_stack=False,
-                                   asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @cute.jit
