@@ -71,9 +71,15 @@ def load_old_runtime(path: str, families: tuple[str, ...]):
         def _first_match(self, family, archs, candidates):
             # a bundle from before the score features: its variants have no feature fields, and are the
             # kernels without them (a plan's feature parameters are not written into their older lists)
-            plain = [{f: v for f, v in c.items() if not (f in FEATURES and v is False)} for c in candidates
-                     if not any(c.get(f) for f in FEATURES)]
-            return super()._first_match(family, archs, plain)
+            pool = self.kernels.get(family, [])
+            for want in candidates:
+                for arch in archs:
+                    for k in pool:
+                        v = k.variant
+                        if v.arch == arch and all(v.get(f, False if f in FEATURES else None) == val
+                                                  for f, val in want.items()):
+                            return k
+            return None
 
     arts = []
     for a in read_bundle(path, other_sources=True).artifacts:
