@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..common.errors import RuntimeLoadError
+from .workspace import WorkspaceArena
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
 
@@ -67,6 +68,9 @@ class Runtime:
             seen.add(ident)
             self.kernels.setdefault(item.variant.family, []).append(LoadedKernel(item))
         self.plans: dict = {}  # layout key -> prepared plan, for the one-call APIs
+        # split decode's partials and counters, one arena per device that every plan without a workspace of
+        # its own shares (aotc.runtime.workspace)
+        self.workspaces = WorkspaceArena()
         self._lock = threading.Lock()
         self.load_seconds = 0.0
 
@@ -253,7 +257,8 @@ class Runtime:
         """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
         follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
         table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
-        by default, 1 never splits; workspace: None for the plan's own."""
+        by default, 1 never splits; workspace: None for room in the runtime's shared arena
+        (aotc.runtime.workspace: plans sharing it must not run on two streams at once)."""
         from .decode import DecodePlan
 
         return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,

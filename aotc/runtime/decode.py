@@ -20,11 +20,13 @@ chunks=1 never splits. A sequence split in several chunks has its chunks write f
 workspace and the last of them to finish (counted with an int32 counter in the workspace's last bytes)
 merges them into out and lse in the same launch.
 
-The workspace (decode_workspace_bytes; none for chunks=1) is the plan's own unless the caller passes one:
-allocated and zeroed when the plan is prepared. A caller's workspace is zeroed then too (a synchronous
-memset: prepare outside CUDA-graph capture), and every step leaves its counters zero, so between steps
-nothing else may write it. Plans may share one buffer sized for the largest of them: partials start at
-the front and counters end at the back.
+The workspace (decode_workspace_bytes; none for chunks=1) is the runtime's shared arena unless the caller
+passes one (aotc.runtime.workspace: one per device, never freed while the runtime lives, so a plan the plan
+cache evicts leaves no captured CUDA graph writing into freed memory; plans of one runtime then must not
+run at the same time on two streams). A caller's workspace has its counters zeroed when the plan is
+prepared (a synchronous memset: prepare outside CUDA-graph capture), and every step leaves them zero, so
+between steps nothing else may write it. Plans may share one buffer sized for the largest of them:
+partials start at the front and counters end at the back.
 """
 from __future__ import annotations
 
@@ -134,7 +136,10 @@ class DecodePlan(Plan):
                                                   f"({MAX_CHUNK_SLOTS} - B) or None")
         self.chunks = chunks
         self.workspace_bytes = workspace_bytes(d.batch, d.seqlen_q, d.heads_q, d.head_dim, chunks)
-        ws = self._workspace(workspace, device, t, sl, pt, ls) if self.workspace_bytes else None
+        ws = None
+        if self.workspace_bytes:
+            partials = _partials_bytes(chunks + d.batch, d.seqlen_q * d.heads_q, d.head_dim)
+            ws = self._workspace(runtime, workspace, device, t, sl, pt, ls, partials, self.workspace_bytes - partials)
         ws_ptr = lp_ptr = counters_ptr = 0
         rows = d.seqlen_q * d.heads_q
         if ws is not None:
@@ -142,7 +147,8 @@ class DecodePlan(Plan):
                                   ws.nbytes_span()[1] - ws.ptr, int(facts["rows_per_cta"]))
             ws_ptr = ws.ptr
             lp_ptr, counters_ptr = ws_ptr + at["lse_partial"], ws_ptr + at["counters"]
-            driver.memset_d32(counters_ptr, 0, at["n_counters"])  # every step leaves them zero again
+            if workspace is not None:  # the arena's buffers are zeroed when allocated
+                driver.memset_d32(counters_ptr, 0, at["n_counters"])  # every step leaves them zero again
         q_, k_, v_, o_ = t["q"], t["k_cache"], t["v_cache"], t["out"]
         lse_strides = (0, 0, 0) if ls is None else ((0, *ls.strides) if cuq is not None else ls.strides)
         # (batch, token, head) strides: ragged Q/O have no batch axis, LSE [H_q, total_q]
@@ -189,11 +195,14 @@ class DecodePlan(Plan):
         another token count; the caller checked the new layout)."""
         self.launcher.params.slots["lse_stride_h"].value = stride
 
-    def _workspace(self, workspace, device: int, t: dict, sl, pt, ls) -> TensorArg:
-        """The caller's workspace, checked, or the plan's own (allocated and zeroed now)."""
+    def _workspace(self, runtime, workspace, device: int, t: dict, sl, pt, ls, partials: int,
+                   counters: int) -> TensorArg:
+        """The caller's workspace, checked, or a buffer of the runtime's shared arena (aotc.runtime.workspace),
+        with room for this plan's partials at its front and its counters at its back."""
         if workspace is None:
-            self._own_workspace = driver.DeviceBuffer(self.workspace_bytes)
-            return TensorArg(self._own_workspace.ptr, (self._own_workspace.nbytes,), (1,), "uint8", ("cuda", device))
+            # held by the plan too: the buffer lives as long as the runtime or a plan launching into it
+            self._arena_buffer = buf = runtime.workspaces.take(device, partials, counters)
+            return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device))
         ws = as_tensor(workspace, "workspace")
         lo, hi = ws.nbytes_span()
         V.cuda_device({"workspace": ws}, device)

@@ -300,7 +300,7 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
 
 
 class DeviceBuffer:
-    """Device memory owned by the runtime (a plan's own workspace), zeroed when allocated, freed with the
+    """Device memory owned by the runtime (a workspace arena's buffer), zeroed when allocated, freed with the
     object. Allocated while a plan is prepared, never while a step runs."""
 
     def __init__(self, nbytes: int):
