@@ -11,9 +11,8 @@ import aotc.runtime.attention as A
 from aotc.common.errors import ArgumentError
 from aotc.families.sdpa_prefill_sm90 import PARAMS
 from aotc.runtime import tensor
-from aotc.runtime.launch import ParamBuffer
-from aotc.runtime.plan import Plan
 from aotc.runtime.validate import packed_strides
+from recorded_launch import record_launches
 from test_runtime_attention import fake_kernel
 
 H, H_KV, D, B = 8, 2, 128, 3
@@ -56,20 +55,9 @@ class FakeRuntime:
 
 @pytest.fixture
 def launches(monkeypatch):
-    launched = []
-
-    def bind(self, kernel, grid, device, values):
-        self.kernel, self.device = kernel, device
-        params = ParamBuffer(kernel.artifact.abi)
-        params.update(values)
-        self.launcher = SimpleNamespace(params=params, empty=not all(grid))
-        self._launch = lambda stream: launched.append(
-            {n: getattr(s, "value", None) for n, s in params.slots.items()})
-        self._params = {p.name: p for p in kernel.artifact.abi.params}
-
+    launched = record_launches(monkeypatch)
     monkeypatch.setattr(A, "DescriptorSlot", RecordingSlot)
     monkeypatch.setattr(A, "multiprocessor_count", lambda device: 132)
-    monkeypatch.setattr(Plan, "bind", bind)
     return launched
 
 

@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 import aotc.runtime.decode as dec
 from aotc.families.sdpa_decode import PARAMS
 from aotc.runtime import tensor
-from aotc.runtime.launch import ParamBuffer
-from aotc.runtime.plan import Plan
 from aotc.runtime.validate import packed_strides
 from aotc.runtime.workspace import GROWTH, WorkspaceArena
 from aotc.common.variant import Variant
+from recorded_launch import record_launches
 
 
 class FakeBuffer:
@@ -100,19 +99,9 @@ class DecodeRuntime:
 
 @pytest.fixture
 def launches(monkeypatch):
-    launched = []
-
-    def bind(self, kernel, grid, device, values):
-        self.kernel, self.device = kernel, device
-        params = ParamBuffer(kernel.artifact.abi)
-        params.update(values)
-        self.launcher = SimpleNamespace(params=params, empty=not all(grid))
-        self._launch = lambda stream: launched.append({n: getattr(s, "value", None) for n, s in params.slots.items()})
-        self._params = {p.name: p for p in kernel.artifact.abi.params}
-
+    launched = record_launches(monkeypatch)
     monkeypatch.setattr(dec.driver, "multiprocessor_count", lambda device: 132)
     monkeypatch.setattr(dec.driver, "memset_d32", lambda *a: pytest.fail("an arena buffer is zeroed once, when made"))
-    monkeypatch.setattr(Plan, "bind", bind)
     return launched
 
 
