@@ -69,7 +69,7 @@ SCHEMAS = {
                   ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     # the serving entry point: ragged queries (decode rows and prefill chunks together) over a paged KV cache,
     # into the caller's out (and lse): one call per layer per step
-    "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor page_table, "
+    "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor? page_table, "
                  "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
                  "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None"
                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",

@@ -153,3 +153,78 @@ def test_bad_scalars_and_ranks_are_argument_errors(launches, bad):
     with pytest.raises(ArgumentError):
         A.attention(rt, q, k, v, o, cu, sl, pt, lse, **kw)
     assert not launches
+
+
+# ---- dense KV (page_table=None): the caches as page pools of the same memory ---------------------------
+
+def dense_cache(batch, s_max, alloc_s=None, kv_layout="NHD", base=1 << 40):
+    """k, v [B, S_max, H_kv, D] (NHD) or [B, H_kv, S_max, D] (HND), views of [B, alloc_s, ...] buffers."""
+    alloc_s = alloc_s or s_max
+    if kv_layout == "NHD":
+        shape, strides = (batch, s_max, H_KV, D), (alloc_s * H_KV * D, H_KV * D, D, 1)
+    else:
+        shape, strides = (batch, H_KV, s_max, D), (alloc_s * H_KV * D, alloc_s * D, D, 1)
+    return tensor(base, shape, strides, "bf16"), tensor(base + GAP, shape, strides, "bf16")
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_dense_caches_are_pools_of_the_largest_page_that_divides_them(kv_layout):
+    k, v = dense_cache(3, 256, alloc_s=320, kv_layout=kv_layout)  # a padded batch stride: 20 pages of 16
+    pool = A.dense_as_pool(k, v, kv_layout, 3, [16, 32, 64, 128])
+    # NHD: a batch step of 320 tokens is 5 pages of 64 (not whole pages of 128); HND: of H_kv * 320 token
+    # strides, 5 pages of 128 (the heads are inside a page)
+    page, step_pages = (64, 5) if kv_layout == "NHD" else (128, 5)
+    assert (pool.page, pool.stride_pages, pool.per_seq) == (page, step_pages, 256 // page)
+    ss = H_KV * D if kv_layout == "NHD" else D
+    assert pool.k_pool.strides[0] == page * ss and pool.k_pool.shape[0] == 2 * step_pages + 256 // page
+    assert pool.k_pool.shape[1 if kv_layout == "NHD" else 2] == page
+    import array
+    assert list(array.array("i", pool.page_table(3))) == [b * step_pages + j for b in range(3) for j in range(256 // page)]
+    # the pool spans exactly the dense tensor's memory (the last page ends where S_max does)
+    assert pool.k_pool.nbytes_span() == k.nbytes_span() and pool.v_pool.nbytes_span() == v.nbytes_span()
+
+
+@pytest.mark.parametrize("s_max,alloc_s,served,name", [
+    (1000, None, [16, 32, 64, 128], "k_cache.shape[1]"),  # no page size divides 1000
+    (256, 264, [16, 32], "k_cache.shape[1]"),          # a batch stride of 264 tokens is no whole pages of 16
+    (0, None, [16], "k_cache.shape[1]"),
+])
+def test_dense_caches_no_page_fits_are_refused(s_max, alloc_s, served, name):
+    k, v = dense_cache(2, s_max, alloc_s)
+    with pytest.raises(ArgumentError) as e:
+        A.dense_as_pool(k, v, "NHD", 2, served)
+    assert e.value.name == name and "multiple of a page size" in e.value.expected
+
+
+def test_dense_k_and_v_must_step_alike():
+    k, _ = dense_cache(2, 256, alloc_s=256)
+    _, v = dense_cache(2, 256, alloc_s=512)
+    with pytest.raises(ArgumentError, match="batch stride"):
+        A.dense_as_pool(k, v, "NHD", 2, [16])
+    with pytest.raises(ArgumentError, match="B = 3"):
+        A.dense_as_pool(k, k, "NHD", 3, [16])
+
+
+def test_a_dense_plan_launches_with_its_own_page_table(launches, monkeypatch):
+    written = {}
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.ptr, self.nbytes = 1 << 45, nbytes
+
+    import aotc.runtime.driver as drv
+    monkeypatch.setattr(drv, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(drv, "copy_to_device", lambda ptr, data: written.update({ptr: data}))
+    rt = FakeRuntime()  # serves page 16
+    q, _, _, o, cu, sl, _, _ = step(10)
+    k, v = dense_cache(B, 128)
+    A.attention(rt, q, k, v, o, cu, sl, None)
+    got = launches[-1]
+    assert got["page_table"] == 1 << 45 and got["max_pages"] == 8 and got["pt_stride_b"] == 8
+    import array
+    assert list(array.array("i", written[1 << 45])) == [b * 8 + j for b in range(B) for j in range(8)]
+    plan = next(iter(rt.plans.values()))
+    with pytest.raises(ArgumentError, match="page table of its own"):
+        plan.run(q.ptr, o.ptr, page_table=1 << 44)
+    A.attention(rt, q, k, v, o, cu, sl, None)  # the cached plan, its own table
+    assert launches[-1]["page_table"] == 1 << 45

@@ -294,7 +294,8 @@ class Runtime:
                   stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
-        included; page_table), bottom-right causal per sequence, into out (and lse). Sequences of at most
+        included; page_table; None for dense caches [B, S_max, H_kv, D], read as pages of the same memory),
+        bottom-right causal per sequence, into out (and lse). Sequences of at most
         decode_query_len queries (1, or 1 + speculative tokens) run on the decode kernel, longer ones on
         the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
         latter's launch, max_seqlen_kv (optional) >= 8192 picks its widest kv tile. Both kernels read the

@@ -24,6 +24,12 @@ max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its 
 bound on the KV lengths, as engines pass it) of LONG_KV or more picks the paged kernel's widest kv tile
 where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), as for dense prefill.
 
+Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
+("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
+(dense_as_pool: the largest page size the loaded kernels serve that divides S_max and the batch stride),
+with a page table the plan builds once (sequence b's j-th page is b * pages_a_sequence + j), so the same two
+kernels run; seqlens_kv[b] <= S_max.
+
 A plan is fixed by layouts, not by the token count: a step may bring q/out (and lse) of another total_q
 (q's first extent) with the prepared strides, and the plan re-encodes Q's descriptor for it (a few
 microseconds, kept for the last few counts) instead of preparing anew, so an engine's eager steps, each
@@ -144,6 +150,70 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
                           (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))
 
 
+@dataclass(frozen=True)
+class DensePool:
+    """Dense K/V as page pools (dense_as_pool): the pool views, the page size, and the page table's rows
+    (sequence b's pages are b * stride_pages + j, j < per_seq)."""
+
+    k_pool: TensorArg
+    v_pool: TensorArg
+    page: int
+    stride_pages: int
+    per_seq: int
+
+    def page_table(self, batch: int) -> bytes:
+        """The table's int32 entries, [B, per_seq] row-major."""
+        import array
+
+        return array.array("i", [b * self.stride_pages + j for b in range(batch) for j in range(self.per_seq)]).tobytes()
+
+
+def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_served: list[int]) -> DensePool:
+    """Dense caches [B, S_max, H_kv, D] ("NHD") or [B, H_kv, S_max, D] ("HND") as pools of pages of P tokens
+    over the same memory: page (b, j) starts at token j * P of sequence b, so the pool's page stride is P
+    token strides, and sequence b's first page is b * (batch stride / page stride): P is the largest page
+    size served that divides S_max and both caches' batch strides in whole pages."""
+    if kv_layout not in ("NHD", "HND"):
+        raise ArgumentError("kv_layout", kv_layout, "'NHD' ([B, S_max, H_kv, D] dense) or 'HND' ([B, H_kv, S_max, D])")
+    tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
+    for name, x in (("k_cache", k), ("v_cache", v)):
+        V.ndim(x, name, 4, "B, S_max, H_kv, D (dense NHD) or B, H_kv, S_max, D (dense HND) without a page table")
+        V.dim(x, name, 0, "B", batch, "cu_seqlens_q.shape[0] - 1")
+    for axis in range(4):
+        V.dim(v, "v_cache", axis, "dim", k.shape[axis], "the shape of k_cache")
+    s_max = k.shape[tok_ax]
+
+    def fits(p: int) -> bool:
+        if s_max % p:
+            return False
+        steps = set()
+        for x in (k, v):
+            page_stride = p * x.strides[tok_ax]
+            if batch > 1:
+                if page_stride <= 0 or x.strides[0] % page_stride:
+                    return False
+                steps.add(x.strides[0] // page_stride)
+        return len(steps) <= 1
+
+    page = next((p for p in sorted(pages_served, reverse=True) if s_max and fits(p)), None)
+    if page is None:
+        raise ArgumentError(f"k_cache.shape[{tok_ax}]", s_max,
+                            f"dense KV without a page table: S_max > 0 a multiple of a page size the loaded kernels "
+                            f"serve ({pages_served}), with each cache's batch stride a multiple of page_size token "
+                            f"strides (k_cache.stride = {k.strides}, v_cache.stride = {v.strides})")
+    per_seq = s_max // page
+    step = k.strides[0] // (page * k.strides[tok_ax]) if batch > 1 else per_seq
+    pages = (batch - 1) * step + per_seq
+
+    def pool(x: TensorArg) -> TensorArg:
+        ss, sh = x.strides[tok_ax], x.strides[head_ax]
+        if kv_layout == "NHD":
+            return dataclasses.replace(x, shape=(pages, page, x.shape[2], x.shape[3]), strides=(page * ss, ss, sh, 1))
+        return dataclasses.replace(x, shape=(pages, x.shape[1], page, x.shape[3]), strides=(page * ss, sh, ss, 1))
+
+    return DensePool(pool(k), pool(v), page, step, per_seq)
+
+
 def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 / group tokens), one
     GQA-packed 64-row slab; K and V rank 4 over the pool, (D, page, H_kv, pages), one box a page's rows
@@ -201,10 +271,25 @@ class AttentionPlan(Plan):
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
         sl = as_tensor(seqlens_kv, "seqlens_kv")
-        pt = as_tensor(page_table, "page_table")
         ls = None if lse is None else as_tensor(lse, "lse")
         check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
         device = runtime.device()
+        self.dense = None
+        if page_table is None:  # dense KV: the caches as page pools, with a page table of the plan's own
+            V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
+            batch = max(cuq.shape[0] - 1, 0)
+            served = sorted(int(x[len("paged"):]) for x in runtime.field_values(FAMILY, "layout", device)
+                            if str(x).startswith("paged"))
+            self.dense = dense_as_pool(t["k_cache"], t["v_cache"], kv_layout, batch, served)
+            t["k_cache"], t["v_cache"] = self.dense.k_pool, self.dense.v_pool
+            from . import driver
+
+            self._dense_table = driver.DeviceBuffer(max(4, 4 * batch * self.dense.per_seq))
+            driver.copy_to_device(self._dense_table.ptr, self.dense.page_table(batch))
+            pt = TensorArg(self._dense_table.ptr, (batch, self.dense.per_seq), (self.dense.per_seq, 1), "int32",
+                           ("cuda", device))
+        else:
+            pt = as_tensor(page_table, "page_table")
         d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
         feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal)
         V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
@@ -308,6 +393,7 @@ class AttentionPlan(Plan):
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         cu, sl, pt = self._prepared
+        self._check_dense(page_table)
         cu_seqlens_q, seqlens_kv, page_table = cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
         if any(p & m for p, m in zip(ptrs, self._masks)):
@@ -326,6 +412,11 @@ class AttentionPlan(Plan):
         s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
         self._launch(stream)
 
+    def _check_dense(self, page_table: int) -> None:
+        if page_table and self.dense is not None:
+            raise ArgumentError("page_table", hex(page_table), "0 or None: the plan reads a dense KV cache through a "
+                                                               "page table of its own")
+
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
                     page_table: int = 0, stream: int = 0, total_q: int | None = None,
                     lse_stride_h: int | None = None, max_seqlen_q: int | None | object = PREPARED) -> None:
@@ -338,6 +429,7 @@ class AttentionPlan(Plan):
             if (total_q, sh) != (self._total_q, rows.lse_stride_h):
                 rows = self._rows_for(total_q, sh)
         cu, sl, pt = self._prepared
+        self._check_dense(page_table)
         rows.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
         if rows is not self._current:
             self._current, self._total_q = rows, total_q
@@ -423,7 +515,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             if out.shape[0] != total_q or (lse is not None and lse.shape[1] != total_q):
                 _total_q(as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse"))
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
-                             cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(), page_table.data_ptr(), as_stream(stream),
+                             cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
+                             0 if page_table is None else page_table.data_ptr(), as_stream(stream),
                              total_q, None if lse is None else lse.stride(0), max_seqlen_q)
             return
     recs = [None if x is None else as_tensor(x, n) for x, n in
@@ -439,8 +532,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)
-    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, ptr_.ptr, as_stream(stream),
-                     total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
+    plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,
+                     as_stream(stream), total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
 
 
 def _rows_free(seen: tuple) -> tuple:

@@ -299,6 +299,14 @@ def memset_d32(ptr: int, value: int, count: int) -> None:
         call("cuStreamSynchronize", None)
 
 
+def copy_to_device(ptr: int, data: bytes) -> None:
+    """Copy host bytes to device address `ptr` (synchronous; while a plan is prepared, never in a step)."""
+    if data:
+        init()
+        buf = ctypes.create_string_buffer(bytes(data), len(data))
+        call("cuMemcpyHtoD_v2", c_uint64(ptr), buf, ctypes.c_size_t(len(data)))
+
+
 class DeviceBuffer:
     """Device memory owned by the runtime (a workspace arena's buffer), zeroed when allocated, freed with the
     object. Allocated while a plan is prepared, never while a step runs."""

@@ -15,6 +15,7 @@ which a kernel may read (test_nan_past_the_end_in_the_last_page documents why th
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -473,3 +474,43 @@ def test_one_plan_serves_every_token_count(rt, ops):
             pos += s_q
     # one Runtime.attention plan (and its torch-layout alias) for the five steps' four token counts
     assert len(rt.plans) - before <= 2, len(rt.plans) - before
+
+
+@pytest.mark.parametrize("kv_layout,alloc_pad", [("NHD", 0), ("HND", 128)])
+def test_dense_kv_without_a_page_table(rt, kv_layout, alloc_pad):
+    """page_table=None: dense caches [B, S_max, H_kv, D] (NHD; HND [B, H_kv, S_max, D], here views of a
+    cache allocated 128 tokens longer), read as page pools of the same memory with the plan's own page
+    table: a mixed batch (decode rows, an S_q 4 row, a chunk over a prefix, an empty sequence) against the
+    reference on the dense keys, out and LSE NaN-poisoned; the cached plan's second call too."""
+    gen = torch.Generator(device="cuda").manual_seed(77)
+    H_q, H_kv, D, S_max = 32, 8, 128, 2304
+    seqs = [(1, 1), (4, 700), (300, 2300), (0, 9), (1, 2304)]  # (s_q, s_kv)
+    B = len(seqs)
+    t = torch.bfloat16
+    if kv_layout == "NHD":
+        k = torch.randn(B, S_max + alloc_pad, H_kv, D, dtype=t, device="cuda", generator=gen)[:, :S_max]
+        v = torch.randn(B, S_max + alloc_pad, H_kv, D, dtype=t, device="cuda", generator=gen)[:, :S_max]
+        keys = lambda x, b, n: x[b, :n]  # noqa: E731
+    else:
+        k = torch.randn(B, H_kv, S_max + alloc_pad, D, dtype=t, device="cuda", generator=gen)[:, :, :S_max]
+        v = torch.randn(B, H_kv, S_max + alloc_pad, D, dtype=t, device="cuda", generator=gen)[:, :, :S_max]
+        keys = lambda x, b, n: x[b, :, :n].transpose(0, 1)  # noqa: E731
+    cu = torch.tensor([0] + list(itertools.accumulate(s for s, _ in seqs)), dtype=torch.int32, device="cuda")
+    sl = torch.tensor([n for _, n in seqs], dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    q = torch.randn(total + 3, H_q, D, dtype=t, device="cuda", generator=gen)[:total]
+    out = torch.full((total + 3, H_q, D), math.nan, dtype=t, device="cuda")
+    lse = torch.full((H_q, total + 3), math.nan, device="cuda")
+    scale = 1 / math.sqrt(D)
+    for call in range(2):
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        skip_without_kernel(lambda: rt.attention(q, k, v, out[:total], cu, sl, None, lse=lse[:, :total],
+                                                 kv_layout=kv_layout))
+        torch.cuda.synchronize()
+        for b, (s_q, s_kv) in enumerate(seqs):
+            r0 = int(cu[b])
+            o_ref, l_ref = reference(q[r0:r0 + s_q], keys(k, b, s_kv), keys(v, b, s_kv), True, scale)
+            check_close(out[r0:r0 + s_q], o_ref, TOL["bf16"], f"dense {kv_layout} seq {b} call {call}")
+            check_close(lse[:, r0:r0 + s_q], l_ref, LSE_TOL, f"dense {kv_layout} seq {b} LSE call {call}")
+        assert torch.isnan(out[total:]).all() and torch.isnan(lse[:, total:]).all()
