@@ -193,3 +193,39 @@ def test_a_record_from_before_the_features_is_the_kernel_without_them():
     assert with_defaults(old) == Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16",
                                               layout="dense", window=False, softcap=False, sinks=False)
     assert old.get("window") is None  # dispatch asks for window=False: an old record never matches
+
+
+@pytest.mark.parametrize("softcap,scale", [(1e39, 1.0), (1e-46, 1.0), (1e-30, 1e20), (1e30, 1e-20)])
+def test_a_softcap_float32_cannot_hold_is_refused(softcap, scale):
+    """The kernels take softcap and softmax_scale / softcap as float32: 1e39 would arrive as inf (every
+    output NaN), 1e-46 as 0."""
+    with pytest.raises(ArgumentError) as e:
+        check_features(None, softcap, None, heads_q=H, device=0, softmax_scale=scale)
+    assert e.value.name == "softcap" and "float32" in e.value.expected
+
+
+@pytest.mark.parametrize("scale", [1e39, 1e-40, 0.0, -1.0, math.inf, math.nan, True, "0.1"])
+def test_a_softmax_scale_float32_cannot_hold_is_refused(scale):
+    from aotc.runtime import validate as V
+
+    with pytest.raises(ArgumentError) as e:
+        V.softmax_scale(scale, 128)
+    assert e.value.name == "softmax_scale"
+    assert V.softmax_scale(None, 64) == 0.125 and V.softmax_scale(0.5, 64) == 0.5
+
+
+def test_dispatch_matches_an_old_record_so_its_parameter_list_sets_it_aside():
+    """A kernel recorded before the feature fields matches a call without features (it is that kernel), so
+    _fits sees its older parameter list and names it in other_abi with the rebuild hint, where it once stayed
+    unmatched and the error listed it as loaded."""
+    from aotc.common.variant import Variant
+    from aotc.runtime import Runtime
+
+    old = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16", layout="dense")
+    rt = Runtime([])
+    kernel = SimpleNamespace(variant=old)
+    rt.kernels["sdpa_decode"] = [kernel]
+    want = {"dtype": "bf16", "head_dim": 128, "kv": "paged16", "layout": "dense", "window": False, "softcap": False,
+            "sinks": False}
+    assert rt._first_match("sdpa_decode", ["sm_90"], [want]) is kernel
+    assert rt._first_match("sdpa_decode", ["sm_90"], [{**want, "window": True}]) is None

@@ -9,6 +9,8 @@ import weakref
 from types import SimpleNamespace
 
 import pytest
+
+from aotc.common.errors import ArgumentError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -140,3 +142,28 @@ def test_an_evicted_plan_s_workspace_stays_alive(launches):
         dec.decode(rt, *step(4 + i, (1 << 33) + i * (1 << 38)))
     gc.collect()
     assert buf() is not None and buf().ptr <= counters < buf().ptr + buf().nbytes
+
+
+def test_one_call_decodes_on_two_streams_never_share_a_workspace(launches):
+    """The one-call API keys its plans by stream and gives each stream its own arena: two models (or
+    micro-batches) stepping on their own streams at once must not mix partials and counters."""
+    rt = DecodeRuntime()
+    rt.MAX_PLANS = 8
+    args = step(4, 1 << 32)
+    dec.decode(rt, *args, stream=0x1000)
+    dec.decode(rt, *args, stream=0x2000)
+    a, b = launches[-2], launches[-1]
+    plans = list(rt.plans.values())
+    assert len(plans) == 2 and plans[0]._arena_buffer is not plans[1]._arena_buffer
+    assert a["counters"] != b["counters"] and a["o_partial"] != b["o_partial"]
+    dec.decode(rt, *args, stream=0x1000)  # the first stream's plan again
+    assert launches[-1]["counters"] == a["counters"] and len(rt.plans) == 2
+
+
+def test_a_caller_s_workspace_may_not_overlap_the_sinks(launches):
+    rt = DecodeRuntime()
+    q, k, v, o, sl, pt = step(4, 1 << 32)
+    ws = tensor(1 << 41, (1 << 22,), (1,), "uint8")
+    sinks = tensor((1 << 41) + 64, (H,), (1,), "fp32")  # inside the workspace
+    with pytest.raises(ArgumentError, match="sinks"):
+        dec.DecodePlan(rt, q, k, v, o, sl, pt, workspace=ws, sinks=sinks)

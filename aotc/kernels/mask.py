@@ -55,13 +55,14 @@ def kv_blocks_for_queries(q_first, q_last, s_q, s_kv, bn: cutlass.Constexpr, cau
         n_mask_min = cutlass.min(first_masked, n_max - 1)
         if cutlass.const_expr(window):
             # the first query's window starts at key q_first + S_kv - S_q - w; a block starting at or past the
-            # last query's start is inside every row's window
-            lo_first = q_first + s_kv - s_q - window_left
-            if lo_first > 0:
-                n_min = cutlass.min(lo_first // bn, cutlass.max(n_max - 1, 0))
-            lo_last = q_last + s_kv - s_q - window_left
-            if lo_last > 0:
-                n_left_end = (lo_last + (bn - 1)) // bn
+            # last query's start is inside every row's window. The position is compared with w before w is
+            # subtracted: a position below 0 minus a w near 2^31 would wrap around
+            p_first = q_first + s_kv - s_q
+            if p_first > window_left:
+                n_min = cutlass.min((p_first - window_left) // bn, cutlass.max(n_max - 1, 0))
+            p_last = q_last + s_kv - s_q
+            if p_last > window_left:
+                n_left_end = (p_last - window_left + (bn - 1)) // bn
             n_left_end = cutlass.max(cutlass.min(n_left_end, n_max), n_min)
     return n_min, n_max, cutlass.max(n_mask_min, 0), n_left_end
 

@@ -156,7 +156,9 @@ class KvChunks:
         block (a multiple of block_n: a block never crosses a page); 0 without a window."""
         first = Int32(0)
         if cutlass.const_expr(self.window):
-            first = cutlass.max(s_kv - s_q - window_left, Int32(0)) // self.block_n * self.block_n
+            p = s_kv - s_q  # the first query's position, compared before w is subtracted (no wrap-around)
+            if p > window_left:
+                first = (p - window_left) // self.block_n * self.block_n
         return first
 
     @cute.jit

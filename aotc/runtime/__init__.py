@@ -99,11 +99,16 @@ class Runtime:
                 return k
 
     def _first_match(self, family: str, archs, candidates: list[dict]):
+        from ..common.checks import with_defaults
+
         pool = self.kernels.get(family, [])
         for want in candidates:
             for arch in archs:
                 for k in pool:
-                    v = k.variant
+                    # a kernel recorded before its family gained a defaulted field is the kernel with it at its
+                    # default: it matches, and _fits then sets it aside by its older parameter list (with the
+                    # rebuild hint) instead of leaving it unmatched
+                    v = with_defaults(k.variant)
                     if v.arch == arch and all(v.get(f) == val for f, val in want.items()):
                         return k
         return None
@@ -222,7 +227,8 @@ class Runtime:
 
         return PrefillPlan(self, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-                           max_seqlen_kv=max_seqlen_kv, specialize=specialize, family=family, window_left=window_left, softcap=softcap, sinks=sinks)
+                           max_seqlen_kv=max_seqlen_kv, specialize=specialize, family=family,
+                           window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prefill(self, q, k, v, out, lse=None, *, causal=False, softmax_scale=None, stream=None,
                 family: str = "auto", window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
@@ -253,7 +259,8 @@ class Runtime:
 
     def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                        max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
-                       workspace=None, softmax_scale: float | None = None, window_left: int | None = None, softcap: float | None = None, sinks=None):
+                       workspace=None, softmax_scale: float | None = None,
+                       window_left: int | None = None, softcap: float | None = None, sinks=None):
         """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
         follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
         table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
@@ -267,7 +274,8 @@ class Runtime:
 
     def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None, workspace=None,
-               softmax_scale=None, stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
+               softmax_scale=None, stream=None,
+               window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
         """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
         cached: a repeated call reads the tensors, looks the plan up and launches."""
         from .decode import decode
@@ -279,14 +287,19 @@ class Runtime:
     def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                           causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                           max_seqlen_q: int | None = None, decode_query_len: int = 1,
-                          max_seqlen_kv: int | None = None, window_left: int | None = None, softcap: float | None = None, sinks=None):
+                          max_seqlen_kv: int | None = None,
+                          window_left: int | None = None, softcap: float | None = None, sinks=None,
+                          workspace=None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
-        [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call."""
+        [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call. workspace: the decode
+        rows' split workspace (rt.decode_workspace_bytes), None for the device's shared arena (plans sharing it
+        must not run on two streams at once; the one-call attention keeps one arena per stream)."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                              softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                             decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, window_left=window_left, softcap=softcap, sinks=sinks)
+                             decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, window_left=window_left,
+                             softcap=softcap, sinks=sinks, workspace=workspace)
 
     def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
@@ -305,7 +318,8 @@ class Runtime:
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
-                  decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream, window_left=window_left, softcap=softcap, sinks=sinks)
+                  decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream,
+                  window_left=window_left, softcap=softcap, sinks=sinks)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
         """Validate once for these pools and key/value/slot layouts; returns a KvWritePlan (see

@@ -38,7 +38,6 @@ with its own token count, reuse one plan per layer.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
@@ -266,7 +265,10 @@ class AttentionPlan(Plan):
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                  max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
-                 window_left: int | None = None, softcap: float | None = None, sinks=None):
+                 window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None,
+                 workspace_stream: int | None = None):
+        """workspace / workspace_stream: the decode rows' split workspace (DecodePlan's: a caller's buffer, or the
+        runtime's arena for that stream; None: the device's)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -291,12 +293,10 @@ class AttentionPlan(Plan):
         else:
             pt = as_tensor(page_table, "page_table")
         d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
-        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal)
+        softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
+        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal,
+                               softmax_scale=softmax_scale)
         V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(d.head_dim)
-        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-            raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal, **feats.fields}
         kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
@@ -317,7 +317,7 @@ class AttentionPlan(Plan):
             self.decode = DecodePlan(runtime, t["q"], t["k_cache"], t["v_cache"], t["out"], sl, pt, ls,
                                      kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
                                      decode_query_len=decode_query_len, window_left=window_left, softcap=softcap,
-                                     sinks=feats.sinks)
+                                     sinks=feats.sinks, workspace=workspace, workspace_stream=workspace_stream)
         self.decode_query_len = decode_query_len
         recipes = _recipes(kernel, t, d, dtype)
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
@@ -500,13 +500,15 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
               window_left=None, softcap=None, sinks=None, stream=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
-    the step's token count."""
+    the step's token count, per stream (its decode rows' split workspace is that stream's: calls on two streams
+    never share one)."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
-    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
+    s = as_stream(stream)
+    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap), s)
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
         fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks), scalars)
         plan = runtime.plans.get(fast)
@@ -516,7 +518,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
                 _total_q(as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse"))
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
-                             0 if page_table is None else page_table.data_ptr(), as_stream(stream),
+                             0 if page_table is None else page_table.data_ptr(), s,
                              total_q, None if lse is None else lse.stride(0), max_seqlen_q)
             return
     recs = [None if x is None else as_tensor(x, n) for x, n in
@@ -528,12 +530,13 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
-        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk))
+        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk,
+        workspace_stream=s))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,
-                     as_stream(stream), total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
+                     s, total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
 
 
 def _rows_free(seen: tuple) -> tuple:

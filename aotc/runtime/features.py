@@ -58,9 +58,10 @@ class Features:
 NONE = Features()
 
 
-def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, causal: bool = True) -> Features:
+def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, causal: bool = True,
+                   softmax_scale: float = 1.0) -> Features:
     """Validate the feature arguments of one call (heads_q: sinks' extent; causal: whether the call's
-    mask is causal, which a window needs)."""
+    mask is causal, which a window needs; softmax_scale: the call's, which the kernels divide by softcap)."""
     if window_left is not None:
         if not isinstance(window_left, int) or isinstance(window_left, bool) or not 0 <= window_left <= V.INT32_MAX:
             raise ArgumentError("window_left", window_left, f"None (no window) or an int in [0, {V.INT32_MAX}]: a row at "
@@ -73,6 +74,11 @@ def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, ca
                 or softcap <= 0:
             raise ArgumentError("softcap", softcap, "None (no soft-cap) or a finite float > 0")
         softcap = float(softcap)
+        # the kernels take softcap and softmax_scale / softcap as float32 (1e39 would be inf, 1e-46 zero)
+        if not V.f32_normal(softcap) or not V.f32_normal(softmax_scale / softcap):
+            raise ArgumentError("softcap", softcap, f"a float > 0 with softcap and softmax_scale / softcap "
+                                                    f"({softmax_scale:.3g} / softcap) in float32's normal range "
+                                                    f"[{V.FLT_MIN:.3g}, {V.FLT_MAX:.3g}]")
     s = None
     if sinks is not None:
         s = as_tensor(sinks, "sinks")

@@ -11,8 +11,6 @@ LSE (natural log, fp32) is [B, H_q, S_q] dense or [H_q, total_q] ragged.
 """
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
@@ -124,12 +122,10 @@ class PrefillPlan(Plan):
             raise ArgumentError("family", family, f"'auto', {FAMILY!r} or {HOPPER!r}")
         device = runtime.device()
         d = check_prefill(runtime, device, t, ls, ragged, cuq, cuk, max_seqlen_q, max_seqlen_kv)
-        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal)
+        softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
+        feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal,
+                               softmax_scale=softmax_scale)
         V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
-        if softmax_scale is None:
-            softmax_scale = 1.0 / math.sqrt(d.head_dim)
-        if not isinstance(softmax_scale, (int, float)) or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-            raise ArgumentError("softmax_scale", softmax_scale, "a finite positive float")
         dtype = t["q"].dtype
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": "ragged" if ragged else "dense", "causal": causal,
                   **feats.fields}

@@ -2,10 +2,30 @@
 the value and what was expected, before anything launches."""
 from __future__ import annotations
 
+import math
+
 from ..common.errors import ArgumentError
 from .tensors import TensorArg
 
 INT32_MAX = (1 << 31) - 1
+FLT_MIN, FLT_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # float32's normal range (kernel f32 scalars)
+
+
+def f32_normal(value: float) -> bool:
+    """Whether a positive float keeps its value as a float32 kernel parameter (neither 0 nor inf there)."""
+    return FLT_MIN <= value <= FLT_MAX
+
+
+def softmax_scale(value, head_dim: int) -> float:
+    """The softmax scale a kernel gets: 1 / sqrt(head_dim) for None, else a positive float within float32's
+    normal range (1e39 would reach the kernel as inf)."""
+    if value is None:
+        return 1.0 / math.sqrt(head_dim)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            or not f32_normal(value)):
+        raise ArgumentError("softmax_scale", value, f"a finite positive float within float32's normal range "
+                                                    f"[{FLT_MIN:.3g}, {FLT_MAX:.3g}]")
+    return float(value)
 
 
 def dtype(t: TensorArg, name: str, allowed: tuple[str, ...]) -> None:

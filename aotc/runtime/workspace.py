@@ -11,8 +11,10 @@ least 1.5x the last) for it and later plans; no buffer is freed while the Runtim
 lives, so neither an eviction nor a captured graph ever sees freed memory.
 
 Every launch leaves the counters zero, and a buffer is zeroed once, when allocated: a plan made while
-another plan's step runs writes nothing into the buffer. Plans of one arena must not run at the same
-time on two streams (their partials and counters would mix); pass a plan its own workspace for that.
+another plan's step runs writes nothing into the buffer. Plans of one buffer must not run at the same
+time on two streams (their partials and counters would mix): the one-call APIs (and the torch ops) keep
+one arena per (device, stream) for that, and a prepared plan takes the device's (stream None) unless given
+a workspace of its own.
 """
 from __future__ import annotations
 
