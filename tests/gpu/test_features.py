@@ -562,3 +562,45 @@ def test_bad_feature_arguments_refused_before_launch(rt, entry):
         kw = f.kwargs(t.heads_q)
         t.call(t.causal, **kw)
         t.check(kw, f"{t.what} valid call {f}")
+
+
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
+def test_a_window_near_int32_max_sees_what_causal_sees(rt, family):
+    """window_left = 2^31 - 1 (as wide as the runtime takes) with more queries than keys (the first rows'
+    positions are negative: position - window once wrapped around int32 and skipped kv block 0) equals the
+    causal attention; decode over a zero-length sequence beside others (its kv_first once broke the chunk
+    scan) too."""
+    big = 2 ** 31 - 1
+    vs = [v for v in feature_variants(rt, family, PREFILL_KEY) if v[2] == "ragged" and combo_of_window_only(v)]
+    assert vs, f"no ragged {family} window-only variant loaded"
+    dtype, D = vs[0][0], vs[0][1]
+    gen = torch.Generator(device="cuda").manual_seed(97)
+    lq, lkv = [150, 1, 300], [100, 0, 333]
+    cu_q = torch.tensor([0, 150, 151, 451], dtype=torch.int32, device="cuda")
+    cu_kv = torch.tensor([0, 100, 100, 433], dtype=torch.int32, device="cuda")
+    t, H_q, H_kv = DT[dtype], 4, 2
+    q = torch.randn(sum(lq), H_q, D, dtype=t, device="cuda", generator=gen)
+    k = torch.randn(sum(lkv), H_kv, D, dtype=t, device="cuda", generator=gen)
+    v = torch.randn(sum(lkv), H_kv, D, dtype=t, device="cuda", generator=gen)
+    out, lse = torch.full_like(q, math.nan), torch.full((H_q, sum(lq)), math.nan, device="cuda")
+    rt.prefill_ragged(q, k, v, out, cu_q, cu_kv, max(lq), max(lkv), lse, causal=True, family=family, window_left=big)
+    torch.cuda.synchronize()
+    for b in range(3):
+        qs, qe, ks, ke = int(cu_q[b]), int(cu_q[b + 1]), int(cu_kv[b]), int(cu_kv[b + 1])
+        ref = reference(q[qs:qe], k[ks:ke], v[ks:ke], causal=True, scale=D ** -0.5)
+        _check(out[qs:qe], lse[:, qs:qe], ref, dtype, None, f"{family} window 2^31-1 seq {b}")
+    dec = [v for v in _decode_variants(rt) if combo_of_window_only(v)]
+    if family == "sdpa_prefill_sm90" and dec:  # decode once, beside the Hopper case
+        dtype, D, kv = dec[0][0], dec[0][1], dec[0][2]
+        cache = _decode_cache(kv, [0, 700, 1, 4100], 2, D, dtype, "NHD", gen, 1.0)
+        qd = torch.randn(4, 2, 16, D, dtype=DT[dtype], device="cuda", generator=gen)
+        od, ld = torch.full_like(qd, math.nan), torch.full((4, 16, 2), math.nan, device="cuda")
+        rt.decode(qd, cache.k, cache.v, od, cache.seqlens, cache.page_table, ld, kv_layout=cache.layout,
+                  window_left=big)
+        # the reference without a window: one as wide as int32 holds sees every causal key
+        _decode_check(cache, qd, od, ld, {"window_left": None, "softcap": None, "sinks": None}, None, dtype,
+                      "decode window 2^31-1")
+
+
+def combo_of_window_only(v) -> bool:
+    return tuple(v[-1]) == ("window",)
