@@ -205,6 +205,16 @@ def test_workspace_memory_and_memset(stub, monkeypatch):
         driver.DeviceBuffer(1 << 40)
 
 
+def test_copy_to_device_passes_address_bytes_and_size(stub):
+    """A dense-KV attention plan's page table goes up with copy_to_device (cuMemcpyHtoD's C arguments)."""
+    import array
+
+    data = array.array("i", [7, 8, 9]).tobytes()
+    driver.copy_to_device(0x7F00_0000_1000, data)
+    dst, n, first = _recorded(stub, "stub_memcpy", 3)
+    assert (dst, n) == (0x7F00_0000_1000, 12) and first == 7 | 8 << 32
+
+
 def test_the_enum_values_are_cuda_h_s():
     """The constants driver.py and tma.py pass are the values of cuda.h's enums (as cuda-bindings has them)."""
     cu = pytest.importorskip("cuda.bindings.driver")

@@ -144,20 +144,15 @@ def test_an_evicted_plan_s_workspace_stays_alive(launches):
     assert buf() is not None and buf().ptr <= counters < buf().ptr + buf().nbytes
 
 
-def test_one_call_decodes_on_two_streams_never_share_a_workspace(launches):
-    """The one-call API keys its plans by stream and gives each stream its own arena: two models (or
-    micro-batches) stepping on their own streams at once must not mix partials and counters."""
+def test_a_call_on_another_stream_reuses_the_plan(launches):
+    """torch.cuda.graph captures on a stream of its own after a warm-up call on the current one: the capture
+    must find the warm-up's plan (a plan made under capture would allocate and copy), so plans are not per
+    stream (a first version keyed them so, and the GPU suite's graph tests failed)."""
     rt = DecodeRuntime()
-    rt.MAX_PLANS = 8
     args = step(4, 1 << 32)
     dec.decode(rt, *args, stream=0x1000)
     dec.decode(rt, *args, stream=0x2000)
-    a, b = launches[-2], launches[-1]
-    plans = list(rt.plans.values())
-    assert len(plans) == 2 and plans[0]._arena_buffer is not plans[1]._arena_buffer
-    assert a["counters"] != b["counters"] and a["o_partial"] != b["o_partial"]
-    dec.decode(rt, *args, stream=0x1000)  # the first stream's plan again
-    assert launches[-1]["counters"] == a["counters"] and len(rt.plans) == 2
+    assert len({id(p) for p in rt.plans.values()}) == 1 and launches[-1]["counters"] == launches[-2]["counters"]
 
 
 def test_a_caller_s_workspace_may_not_overlap_the_sinks(launches):

@@ -265,10 +265,9 @@ class AttentionPlan(Plan):
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                  max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
-                 window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None,
-                 workspace_stream: int | None = None):
-        """workspace / workspace_stream: the decode rows' split workspace (DecodePlan's: a caller's buffer, or the
-        runtime's arena for that stream; None: the device's)."""
+                 window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None):
+        """workspace: the decode rows' split workspace (DecodePlan's: a caller's buffer; None: room in the
+        device's arena, aotc.runtime.workspace)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -317,7 +316,7 @@ class AttentionPlan(Plan):
             self.decode = DecodePlan(runtime, t["q"], t["k_cache"], t["v_cache"], t["out"], sl, pt, ls,
                                      kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
                                      decode_query_len=decode_query_len, window_left=window_left, softcap=softcap,
-                                     sinks=feats.sinks, workspace=workspace, workspace_stream=workspace_stream)
+                                     sinks=feats.sinks, workspace=workspace)
         self.decode_query_len = decode_query_len
         recipes = _recipes(kernel, t, d, dtype)
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
@@ -500,15 +499,15 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
               window_left=None, softcap=None, sinks=None, stream=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
-    the step's token count, per stream (its decode rows' split workspace is that stream's: calls on two streams
-    never share one)."""
+    the step's token count (and whatever the stream: a CUDA graph captured on its own stream after a warm-up
+    call reuses it)."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
     s = as_stream(stream)
-    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap), s)
+    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
         fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks), scalars)
         plan = runtime.plans.get(fast)
@@ -530,8 +529,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
-        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk,
-        workspace_stream=s))
+        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)

@@ -101,11 +101,8 @@ class DecodePlan(Plan):
     def __init__(self, runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                  max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
                  workspace=None, softmax_scale: float | None = None, cu_seqlens_q=None, decode_query_len: int = 0,
-                 window_left: int | None = None, softcap: float | None = None, sinks=None,
-                 workspace_stream: int | None = None):
-        """workspace_stream: the stream whose arena (aotc.runtime.workspace) the plan takes its workspace from
-        when it has none of its own (the one-call APIs': their calls' stream; None: the device's).
-        cu_seqlens_q (with decode_query_len, 1..16): ragged Q/O [total_q, H_q, D] and LSE [H_q, total_q];
+                 window_left: int | None = None, softcap: float | None = None, sinks=None):
+        """cu_seqlens_q (with decode_query_len, 1..16): ragged Q/O [total_q, H_q, D] and LSE [H_q, total_q];
         the sequences of 1 .. decode_query_len queries are served, the others left alone (Runtime.attention
         gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
@@ -140,7 +137,7 @@ class DecodePlan(Plan):
         if self.workspace_bytes:
             partials = _partials_bytes(chunks + d.batch, d.seqlen_q * d.heads_q, d.head_dim)
             ws = self._workspace(runtime, workspace, device, t, sl, pt, ls, partials, self.workspace_bytes - partials,
-                                 feats.inputs(), workspace_stream)
+                                 feats.inputs())
         ws_ptr = lp_ptr = counters_ptr = 0
         rows = d.seqlen_q * d.heads_q
         if ws is not None:
@@ -197,13 +194,13 @@ class DecodePlan(Plan):
         self.launcher.params.slots["lse_stride_h"].value = stride
 
     def _workspace(self, runtime, workspace, device: int, t: dict, sl, pt, ls, partials: int,
-                   counters: int, inputs: dict, stream: int | None) -> TensorArg:
+                   counters: int, inputs: dict) -> TensorArg:
         """The caller's workspace, checked (it overlaps no tensor the kernel reads, sinks included), or a buffer
-        of the runtime's arena for (device, stream) (aotc.runtime.workspace), with room for this plan's
-        partials at its front and its counters at its back."""
+        of the runtime's arena for the device (aotc.runtime.workspace), with room for this plan's partials at
+        its front and its counters at its back."""
         if workspace is None:
             # held by the plan too: the buffer lives as long as the runtime or a plan launching into it
-            self._arena_buffer = buf = runtime.workspaces.take((device, stream), partials, counters)
+            self._arena_buffer = buf = runtime.workspaces.take(device, partials, counters)
             return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device))
         ws = as_tensor(workspace, "workspace")
         lo, hi = ws.nbytes_span()
@@ -384,14 +381,14 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
 def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
            kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, window_left=None, softcap=None,
            sinks=None, stream=None) -> None:
-    """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached,
-    per stream: without a workspace of the caller's, a plan takes its stream's arena (aotc.runtime.workspace),
-    so calls on two streams never share partials or counters."""
+    """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached
+    (without a workspace of the caller's it takes room in the device's arena, aotc.runtime.workspace; the
+    plan is not per stream, so a CUDA graph captured on its own stream after a warm-up call reuses it)."""
     seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks)
     s = as_stream(stream)
     if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
         fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace, sinks),
-                         (max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap), s))
+                         (max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap)))
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
@@ -405,11 +402,10 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
     key = (FAMILY, runtime.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
            tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
            max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap),
-           None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device), s)
+           None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device))
     plan = cached_plan(runtime, key, lambda: DecodePlan(
         runtime, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
-        workspace=wsr, softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, sinks=snk,
-        workspace_stream=s))
+        workspace=wsr, softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, sinks=snk))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr, 0 if ptr is None else ptr.ptr, s)

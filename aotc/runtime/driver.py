@@ -71,6 +71,7 @@ _PROTOTYPES = {
     "cuMemAlloc": (_P(c_uint64), c_size_t),
     "cuMemFree": (c_uint64,),
     "cuMemsetD8": (c_uint64, c_ubyte, c_size_t),
+    "cuMemcpyHtoD": (c_uint64, c_void_p, c_size_t),
     "cuMemsetD32Async": (c_uint64, c_uint, c_size_t, c_void_p),
     "cuStreamSynchronize": (c_void_p,),
     "cuLibraryLoadData": (_P(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint),
@@ -304,7 +305,7 @@ def copy_to_device(ptr: int, data: bytes) -> None:
     if data:
         init()
         buf = ctypes.create_string_buffer(bytes(data), len(data))
-        call("cuMemcpyHtoD_v2", c_uint64(ptr), buf, ctypes.c_size_t(len(data)))
+        call("cuMemcpyHtoD", ptr, buf, len(data))
 
 
 class DeviceBuffer:

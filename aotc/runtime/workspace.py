@@ -12,9 +12,9 @@ lives, so neither an eviction nor a captured graph ever sees freed memory.
 
 Every launch leaves the counters zero, and a buffer is zeroed once, when allocated: a plan made while
 another plan's step runs writes nothing into the buffer. Plans of one buffer must not run at the same
-time on two streams (their partials and counters would mix): the one-call APIs (and the torch ops) keep
-one arena per (device, stream) for that, and a prepared plan takes the device's (stream None) unless given
-a workspace of its own.
+time on two streams (their partials and counters would mix): give a plan that does a workspace of its
+own (prepare_decode / prepare_attention(workspace=)), or use a second Runtime (its own arena). Plans are
+not made per stream: a CUDA graph is captured on a stream of its own, after a warm-up call made the plan.
 """
 from __future__ import annotations
 

@@ -48,6 +48,12 @@ int cuMemsetD32Async(uint64_t ptr, unsigned v, size_t n, void *stream) {
     return 0;
 }
 int cuStreamSynchronize(void *stream) { (void)stream; return 0; }
+uint64_t stub_memcpy[3];            /* cuMemcpyHtoD: dst, bytes, the first 8 bytes copied */
+int cuMemcpyHtoD(uint64_t dst, const void *src, size_t n) {
+    stub_memcpy[0] = dst; stub_memcpy[1] = n; stub_memcpy[2] = 0;
+    memcpy(&stub_memcpy[2], src, n < 8 ? n : 8);
+    return 0;
+}
 
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned smem, void *stream, void **params, void **extra) {  /* what cuda-bindings calls */
@@ -98,6 +104,7 @@ static const struct entry table[] = {
     {"cuDeviceGet", (void *)cuDeviceGet}, {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
     {"cuDeviceGetName", (void *)cuDeviceGetName}, {"cuMemAlloc", (void *)cuMemAlloc},
     {"cuMemsetD8", (void *)cuMemsetD8}, {"cuMemFree", (void *)cuMemFree},
+    {"cuMemcpyHtoD", (void *)cuMemcpyHtoD},
     {"cuMemsetD32Async", (void *)cuMemsetD32Async}, {"cuStreamSynchronize", (void *)cuStreamSynchronize},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx}, {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
 };
