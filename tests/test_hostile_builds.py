@@ -105,9 +105,12 @@ def _start_slow_build(tiny_spec, tmp_path, monkeypatch):
     marks.mkdir()
     tmpdir.mkdir()
     patch_compile_processes(monkeypatch, tmp_path, SLOW_COMPILE.format(marks=str(marks)))
+    # SIGINT as a terminal's foreground job has it: a suite started in the background (`cmd &` from a script)
+    # runs with SIGINT ignored, which its children inherit, and the Ctrl-C test then waited in vain
     p = subprocess.Popen([PYTHON, "-m", "aotc", "build", str(tiny_spec), "-j", "2", "--json"], cwd=REPO,
                          env=aotc_env(TMPDIR=str(tmpdir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
+                         text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while len(os.listdir(marks)) < 2:  # both compile processes are inside a compile
         assert p.poll() is None, p.communicate()
