@@ -229,3 +229,52 @@ def test_dispatch_matches_an_old_record_so_its_parameter_list_sets_it_aside():
             "sinks": False}
     assert rt._first_match("sdpa_decode", ["sm_90"], [want]) is kernel
     assert rt._first_match("sdpa_decode", ["sm_90"], [{**want, "window": True}]) is None
+
+
+# ---- a property: every feature argument either passes or is refused by name ------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from aotc.runtime import validate as V  # noqa: E402
+
+_WINDOWS = st.one_of(st.none(), st.integers(-5, 10), st.integers(2 ** 31 - 3, 2 ** 31 + 2), st.booleans(),
+                     st.floats(allow_nan=True), st.text(max_size=2))
+_CAPS = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0, 1, 50, 1e39, 1e-46]),
+                  st.booleans(), st.text(max_size=2))
+_SINKS = st.one_of(st.none(), st.builds(
+    lambda dtype, n, stride, offset, dev, ndim: tensor((1 << 44) + offset, (n,) if ndim == 1 else (1, n),
+                                                       (stride,) if ndim == 1 else (n * stride, stride), dtype, dev),
+    st.sampled_from(["fp32", "bf16", "fp16", "int32"]), st.sampled_from([0, 1, H - 1, H, H + 1]),
+    st.sampled_from([1, 2]), st.sampled_from([0, 2, 4]), st.sampled_from([0, 1]), st.sampled_from([1, 2])))
+
+
+def feature_breaches(window_left, softcap, sinks, causal, scale) -> set[str]:
+    """The argument names a call with these values breaks the rules of (an oracle written from the docs)."""
+    bad = set()
+    if window_left is not None and (type(window_left) is not int or not 0 <= window_left <= 2 ** 31 - 1 or not causal):
+        bad.add("window_left")
+    if softcap is not None:
+        ok = type(softcap) in (int, float) and math.isfinite(softcap) and softcap > 0
+        if not ok or not (V.FLT_MIN <= softcap <= V.FLT_MAX and V.FLT_MIN <= scale / softcap <= V.FLT_MAX):
+            bad.add("softcap")
+    if sinks is not None:
+        n_ok = len(sinks.shape) == 1 and sinks.shape[0] == H
+        if (sinks.dtype != "fp32" or not n_ok or (sinks.shape[0] > 1 and sinks.strides[-1] != 1)
+                or sinks.ptr % 4 or sinks.device != ("cuda", 0)):
+            bad.add("sinks")
+    return bad
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_WINDOWS, _CAPS, _SINKS, st.booleans(), st.sampled_from([1.0, 0.088, 1e-30, 1e30]))
+def test_feature_arguments_pass_or_are_refused_by_name(window_left, softcap, sinks, causal, scale):
+    bad = feature_breaches(window_left, softcap, sinks, causal, scale)
+    try:
+        f = check_features(window_left, softcap, sinks, heads_q=H, device=0, causal=causal, softmax_scale=scale)
+    except ArgumentError as e:
+        assert bad, f"refused {e} though every argument keeps the rules"
+        assert e.name.split(".")[0] in bad, f"refused naming {e.name!r}, the broken ones are {sorted(bad)}"
+        return
+    assert not bad, f"accepted, though {sorted(bad)} break the rules"
+    assert f.fields == {"window": window_left is not None, "softcap": softcap is not None, "sinks": sinks is not None}
+    assert f.values["window_left"] == (window_left or 0) and isinstance(f.values["softcap"], float)
