@@ -61,25 +61,12 @@ def load_old_runtime(path: str, families: tuple[str, ...]):
     from aotc.runtime import Runtime
     from aotc.storage.bundle import read_bundle
 
-    from aotc.families.features import FEATURES
-
     class OldListRuntime(Runtime):
+        # dispatch reads a record from before the score features as the kernel without them (Runtime's
+        # _first_match, checks.with_defaults); their feature parameters are not written into older lists
         def _fits(self, k) -> bool:  # the header is checked (k.artifact); the parameter list is the cubin's own
             k.artifact
             return True
-
-        def _first_match(self, family, archs, candidates):
-            # a bundle from before the score features: its variants have no feature fields, and are the
-            # kernels without them (a plan's feature parameters are not written into their older lists)
-            pool = self.kernels.get(family, [])
-            for want in candidates:
-                for arch in archs:
-                    for k in pool:
-                        v = k.variant
-                        if v.arch == arch and all(v.get(f, False if f in FEATURES else None) == val
-                                                  for f, val in want.items()):
-                            return k
-            return None
 
     arts = []
     for a in read_bundle(path, other_sources=True).artifacts:

@@ -55,8 +55,6 @@ class Features:
         return {} if self.sinks is None else {"sinks": self.sinks}
 
 
-NONE = Features()
-
 
 def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, causal: bool = True,
                    softmax_scale: float = 1.0) -> Features:
