@@ -42,6 +42,7 @@ bench:
 	$(GPU_PYTHON) benchmarks/bench_kv_write.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/decode_breakdown.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_decode_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
+	$(GPU_PYTHON) benchmarks/bench_fp8_kv.py --bundle artifacts/default.aotc --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/bench_host.py --bundle artifacts/default.aotc --fa3 --out $(RESULTS)
 	$(GPU_PYTHON) benchmarks/cold_start.py --bundle artifacts/default.aotc --runs 5 --out $(RESULTS)

@@ -33,7 +33,9 @@ slices of a fused qkv), pools ``[pages, page_size, H_kv, D]`` (``kv_layout="NHD"
 ``[pages, H_kv, page_size, D]`` (``"HND"``) of the same dtype, slot_mapping int64 ``[num_tokens]``
 (``num_tokens <= tokens``: the rows of a padded batch past it are not read). Token i goes to page
 ``slot // page_size``, in-page slot ``slot % page_size``; -1, and any slot outside the pools, is skipped on
-the device. The op mutates k_cache and v_cache (the schema says so) and returns nothing; its plan is
+the device; ``torch.float8_e4m3fn`` pools take ``k_scale``/``v_scale`` (fp32 ``[H_kv]`` or ``[1]``) and get
+``e4m3(x / scale)``, which decode reads back with ``k_descale``/``v_descale`` (the same tensors). The op
+mutates k_cache and v_cache (the schema says so) and returns nothing; its plan is
 cached per pool set and layout, so every batch size of a serving loop reuses it (see ``Runtime.kv_write``).
 """
 from __future__ import annotations
@@ -62,11 +64,13 @@ SCHEMAS = {
                           ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     "decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table=None, "
               "Tensor(a!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, float? scale=None"
-              ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
+              ", int? window_left=None, float? softcap=None, Tensor? sinks=None"
+              ", Tensor? k_descale=None, Tensor? v_descale=None) -> (Tensor out, Tensor lse)",
     "decode_out": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor seqlens_kv, Tensor? page_table, Tensor(a!) out, "
                   "Tensor(b!)? lse=None, Tensor(c!)? workspace=None, str kv_layout=\"NHD\", int? chunks=None, "
                   "float? scale=None"
-                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
+                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None"
+                  ", Tensor? k_descale=None, Tensor? v_descale=None) -> ()",
     # the serving entry point: ragged queries (decode rows and prefill chunks together) over a paged KV cache,
     # into the caller's out (and lse): one call per layer per step
     "attention": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor? page_table, "
@@ -74,7 +78,7 @@ SCHEMAS = {
                  "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None"
                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None) -> ()",
     "kv_write": "(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
-                "str kv_layout=\"NHD\") -> ()",
+                "str kv_layout=\"NHD\", Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
 }
 
 _lock = threading.RLock()
@@ -160,12 +164,12 @@ def _prefill_varlen_into(q, k, v, cu_q, cu_k, max_q, max_k, out, lse, causal, sc
 
 
 def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
-                 window_left, softcap, sinks):
+                 window_left, softcap, sinks, k_descale, v_descale):
     torch, rt = _torch(), get_runtime()
     _call(torch, q, lambda stream: rt.decode(q, k_cache, v_cache, out, seqlens_kv, page_table, lse,
                                              kv_layout=kv_layout, chunks=chunks, workspace=workspace,
                                              softmax_scale=scale, stream=stream, window_left=window_left,
-                                             softcap=softcap, sinks=sinks))
+                                             softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale))
 
 
 def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse=None, max_seqlen_q=None,
@@ -212,27 +216,29 @@ def _prefill_varlen_out_op(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, m
 
 
 def _decode_op(q, k_cache, v_cache, seqlens_kv, page_table=None, workspace=None, kv_layout="NHD", chunks=None,
-               scale=None, window_left=None, softcap=None, sinks=None):
+               scale=None, window_left=None, softcap=None, sinks=None, k_descale=None, v_descale=None):
     out, lse = _outputs(q, (q.shape[0], q.shape[2], q.shape[1]))
     _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
-                 window_left, softcap, sinks)
+                 window_left, softcap, sinks, k_descale, v_descale)
     return out, lse
 
 
 def _decode_out_op(q, k_cache, v_cache, seqlens_kv, page_table, out, lse=None, workspace=None, kv_layout="NHD",
-                   chunks=None, scale=None, window_left=None, softcap=None, sinks=None):
+                   chunks=None, scale=None, window_left=None, softcap=None, sinks=None, k_descale=None,
+                   v_descale=None):
     _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
-                 window_left, softcap, sinks)
+                 window_left, softcap, sinks, k_descale, v_descale)
 
 
-def _kv_write_op(key, value, k_cache, v_cache, slot_mapping, kv_layout="NHD"):
+def _kv_write_op(key, value, k_cache, v_cache, slot_mapping, kv_layout="NHD", k_scale=None, v_scale=None):
     torch, rt = _torch(), get_runtime()
     if key.is_cuda:
         dev = key.get_device()
         _on_device(torch, dev, lambda: rt.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout,
-                                                   stream=_stream(torch, dev)))
+                                                   stream=_stream(torch, dev), k_scale=k_scale, v_scale=v_scale))
     else:
-        rt.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=None)
+        rt.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=None, k_scale=k_scale,
+                    v_scale=v_scale)
 
 
 _KERNELS = {"prefill": _prefill_op, "prefill_out": _prefill_out_op, "prefill_varlen": _prefill_varlen_op,
@@ -325,9 +331,11 @@ def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int, max_
 
 def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, kv_layout: str = "NHD",
            chunks: int | None = None, scale: float | None = None, out=None, lse=None,
-           window_left: int | None = None, softcap: float | None = None, sinks=None):
+           window_left: int | None = None, softcap: float | None = None, sinks=None, k_descale=None,
+           v_descale=None):
     """(out, lse) for q [B, S_q<=16, H_q, D] over a paged (NHD/HND) or dense KV cache: torch.ops.aotc.decode,
-    or decode_out into the given out (and lse) buffers.
+    or decode_out into the given out (and lse) buffers. k_descale, v_descale: the fp32 scales [H_kv] or [1]
+    of a torch.float8_e4m3fn cache (attention over k_fp8 * k_descale, v_fp8 * v_descale).
 
     The work partition follows the device-side seqlens_kv at every call (chunks: its target chunk count,
     one wave of CTAs by default). workspace: None for the runtime's shared arena; one passed in (uint8,
@@ -337,9 +345,9 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
     ops = _ops or register()
     if out is None:
         return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale,
-                          window_left, softcap, sinks)
+                          window_left, softcap, sinks, k_descale, v_descale)
     ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
-                   window_left, softcap, sinks)
+                   window_left, softcap, sinks, k_descale, v_descale)
     return out, lse
 
 
@@ -359,12 +367,14 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     return out, lse
 
 
-def kv_write(key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD") -> None:
+def kv_write(key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD", k_scale=None,
+             v_scale=None) -> None:
     """Write key/value [tokens, H_kv, D] into the paged pools k_cache/v_cache (NHD or HND, in place) at the int64
     slots of slot_mapping [num_tokens <= tokens]: torch.ops.aotc.kv_write. A slot of -1 (padding), or any
-    other slot outside the pools, is skipped."""
+    other slot outside the pools, is skipped. torch.float8_e4m3fn pools take k_scale, v_scale (fp32 [H_kv] or
+    [1]) and get e4m3(x / scale), saturated to +-448, rounded to nearest even."""
     ops = _ops or register()
-    ops.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout)
+    ops.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout, k_scale, v_scale)
 
 
 if "torch" in sys.modules:  # torch is already here: make torch.ops.aotc.* available at once

@@ -264,14 +264,16 @@ def device_breaches(t: dict[str, T | None]) -> list[set[str]]:
 
 def operand_breaches(operands: dict[str, T]) -> list[set[str]]:
     """The rules of attention's q, k, v and out (TMA or 128-bit accesses): the head dim (last) contiguous,
-    16-byte aligned, every other stride a multiple of 8 elements (dims of extent 1 excepted)."""
+    16-byte aligned, every other stride a multiple of 16 bytes (8 elements, 16 of an fp8 cache; dims of extent 1
+    excepted)."""
     bad = []
     for n, x in operands.items():
         if x.shape[-1] > 1 and x.strides[-1] != 1:
             bad.append({n})
         if x.ptr % 16:
             bad.append({n})
-        if any(e > 1 and s % 8 for e, s in zip(x.shape[:-1], x.strides[:-1])):
+        step = 16 if x.dtype == "fp8_e4m3" else 8
+        if any(e > 1 and s % step for e, s in zip(x.shape[:-1], x.strides[:-1])):
             bad.append({n})
     return bad
 
@@ -978,7 +980,8 @@ def decode_cases(draw):
     place(r, {n: x for n, x in t.items() if x is not None},
           {"q": 16, "k_cache": 16, "v_cache": 16, "out": 16, "lse": 4, "seqlens_kv": 4, "page_table": 4})
     unknown_ordinals(r, t)
-    case = Case(r, t, {"q": ("k_cache", "v_cache", "out")}, {
+    # (K and V share one dtype: the queries', or fp8_e4m3 with its scales, so either one's dtype involves the other)
+    case = Case(r, t, {"q": ("k_cache", "v_cache", "out"), "k_cache": ("v_cache",), "v_cache": ("k_cache",)}, {
         "q": ("out", "k_cache", "v_cache", "seqlens_kv", "page_table", "lse", "B", "H_q"),
         "k_cache": ("v_cache", "page_table", "H_kv")})
     case.kv_layout, case.tok_ax, case.head_ax = kv_layout, tok_ax, head_ax
@@ -1001,9 +1004,12 @@ def decode_oracle(case: Case) -> list[set[str]]:
     bad: list[set[str]] = []
     if q.dtype not in ("fp16", "bf16"):
         bad.append({"q"})
-    for n in ("k_cache", "v_cache", "out"):
-        if t[n].dtype != q.dtype:
-            bad.append({n, "q"})
+    if o.dtype != q.dtype:
+        bad.append({"out", "q"})
+    if k.dtype not in (q.dtype, "fp8_e4m3"):  # an fp8 cache under 16-bit queries (its scales: kv_scales)
+        bad.append({"k_cache", "q"})
+    if v.dtype != k.dtype:
+        bad.append({"v_cache", "k_cache"})
     four = {n: len(t[n].shape) == 4 for n in QKVO}
     bad += [{n} for n in QKVO if not four[n]]
     layout_ok = type(case.kv_layout) is str and case.kv_layout in ("NHD", "HND")

@@ -84,7 +84,7 @@ def test_every_arch_of_the_family_compiles(tmp_path):
 def test_family_description():
     assert FAMILY.name == "kv_write" and families.get_family("kv_write") is FAMILY
     assert FAMILY.archs == families.KNOWN_ARCHS
-    assert [f.name for f in FAMILY.fields] == ["dtype", "head_dim"]
+    assert [f.name for f in FAMILY.fields] == ["dtype", "head_dim", "kv_dtype"]
     assert FAMILY.field("dtype").choices == ("fp16", "bf16") and FAMILY.field("head_dim").choices == (64, 128, 256)
     for dtype in ("fp16", "bf16"):
         for d in (64, 128, 256):
@@ -95,8 +95,20 @@ def test_family_description():
     assert FAMILY.why_invalid({"dtype": "bf16", "head_dim": 96}) is not None  # 12 chunks do not tile 128 threads
     names = [p.name for p in PARAMS]
     assert len(set(names)) == len(names)
-    assert [p.name for p in PARAMS if p.kind == "ptr"] == ["key", "value", "k_cache", "v_cache", "slot_mapping"]
-    assert all(p.kind == "i64" for p in PARAMS if "stride" in p.name or p.name == "num_slots")
+    assert [p.name for p in PARAMS if p.kind == "ptr"] == ["key", "value", "k_cache", "v_cache", "slot_mapping",
+                                                           "k_scale", "v_scale"]
+    assert all(p.kind == "i64" for p in PARAMS if ("stride" in p.name and p.name != "scale_stride_h")
+               or p.name == "num_slots")
+    # fp8 pools quantize on write, on the archs with e4m3 conversions
+    assert FAMILY.why_invalid({"dtype": "bf16", "head_dim": 128, "kv_dtype": "fp8_e4m3", "arch": "sm_90"}) is None
+    assert "e4m3" in FAMILY.why_invalid({"dtype": "bf16", "head_dim": 128, "kv_dtype": "fp8_e4m3", "arch": "sm_86"})
+
+
+def test_fp8_variant_quantizes_with_satfinite_rounding(tmp_path):
+    v = Variant.make("kv_write", "sm_90", dtype="bf16", head_dim=128, kv_dtype="fp8_e4m3")
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    assert built.ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 16  # 2 rows x (K, V) x 8 values / 2
+    assert "div.rn.f32" in built.ptx and "st.global.v2.b32" in built.ptx
 
 
 def test_source_digests_keep_families_apart(monkeypatch):

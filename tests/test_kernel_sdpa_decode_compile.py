@@ -110,3 +110,18 @@ def test_wrong_family(tmp_path):
     v = Variant.make("sdpa_combine", "sm_90", dtype="bf16", head_dim=128, strides="packed")
     with pytest.raises(ValueError):
         kernel.compile(v, dump_dir=str(tmp_path))
+
+
+def test_fp8_kv_variant(tmp_path):
+    """bf16 queries over e4m3 pools: e4m3 -> fp16 by cvt (two values an instruction), fp16 MMAs, Q rewritten in
+    fp16 once (cvt.rn.f16x2.f32), no spills, the family's fp8 tile and smem."""
+    v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16", layout="dense",
+                     kv_dtype="fp8_e4m3")
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    ptx = built.ptx
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "bf16.bf16" not in ptx  # no bf16 MMA: K, V, P and Q are fp16
+    assert built.frame_bytes == 0
+    t = tile(128, "sm_90", "fp8_e4m3")
+    assert t.fp8 and built.launch.dynamic_smem == t.smem_bytes(128) <= t.smem_limit
+    assert tile(256, "sm_89", "fp8_e4m3") is None  # no D256 tile fits 99 KB

@@ -73,8 +73,9 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert d["page_sizes"] == [16, 32, 64, 128]
     assert d["layouts"] == ["dense", "paged16", "paged32", "paged64", "paged128"]
     assert d["kv_layouts"] == ["NHD", "HND"] and d["causal"] == [True] and d["lse"] is True
-    # 30 plain kernels and 5 with score features (gpt-oss, Gemma 2, Mistral)
-    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 35)]
+    # 30 plain kernels, 5 with score features (gpt-oss, Gemma 2, Mistral) and 1 over an fp8 cache
+    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 36)]
+    assert sorted(d["fields"]["kv_dtype"]) == ["bf16", "fp16", "fp8_e4m3"]
     c = eps["combine"]
     assert c["dtypes"] == ["bf16", "fp16", "fp32"] and c["head_dims"] == [64, 128, 256] and c["causal"] == []
     assert c["fields"]["strides"] == ["general", "packed"] and c["lse"] is True

@@ -44,7 +44,8 @@ def _name_of(dt) -> str:
 
 
 def test_dtypes_table():
-    assert DTYPES == {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int32": 4, "int64": 8, "uint8": 1, "int8": 1}
+    assert DTYPES == {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int32": 4, "int64": 8, "uint8": 1, "int8": 1,
+                      "fp8_e4m3": 1}
 
 
 def test_tensorarg_is_frozen_slotted():

@@ -24,8 +24,14 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8
+    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8 + 2
     assert len(set(s.variants)) == len(s.variants)
+    # fp8 KV: bf16 queries over e4m3 pools, decode at D128 page 16 and the quantizing KV write; every other
+    # variant keeps its queries' dtype
+    fp8 = {(v.family, v["dtype"], v["head_dim"]) + ((v["kv"], v["layout"]) if v.family == "sdpa_decode" else ())
+           for v in s.variants if v.get("kv_dtype") == "fp8_e4m3"}
+    assert fp8 == {("sdpa_decode", "bf16", 128, "paged16", "dense"), ("kv_write", "bf16", 128)}
+    assert all(v.get("kv_dtype", v["dtype"]) in (v["dtype"], "fp8_e4m3") for v in s.variants)
     # the score features: off unless listed; on, the combinations today's models use (bf16, causal)
     featured = {(v.family, v["head_dim"], v["layout"], tuple(f for f in ("window", "softcap", "sinks") if v[f]))
                 for v in s.variants if v.family != "sdpa_combine" and v.family != "kv_write"
@@ -51,8 +57,8 @@ def test_default_spec_loads():
     prefill = [v for v in plain if v.family == "sdpa_prefill"]
     hopper = [v for v in plain if v.family == "sdpa_prefill_sm90" and not v["layout"].startswith("paged")]
     paged = [v for v in plain if v.family == "sdpa_prefill_sm90" and v["layout"].startswith("paged")]
-    decode = [v for v in plain if v.family == "sdpa_decode"]
-    kv_write = [v for v in s.variants if v.family == "kv_write"]
+    decode = [v for v in plain if v.family == "sdpa_decode" and v["kv_dtype"] != "fp8_e4m3"]
+    kv_write = [v for v in s.variants if v.family == "kv_write" and v["kv_dtype"] != "fp8_e4m3"]
     assert {v.arch for v in hopper} == {"sm_90a"} and {(v["dtype"], v["head_dim"], v["layout"], v["causal"])
                                                          for v in hopper} == set(itertools.product(
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))

@@ -102,7 +102,9 @@ class Reference:
                 lse[b].copy_(l)
 
 
-    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="NHD", stream=None):
+    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="NHD", stream=None, k_scale=None,
+                 v_scale=None):
+        assert k_scale is None and v_scale is None, "the reference copies 16-bit pools"  # (fp8: the GPU suite)
         self.calls.append(("kv_write", stream, kv_layout))
         page = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
         slots = slot_mapping.long()
@@ -168,8 +170,10 @@ def test_ops_are_registered_with_their_schemas():
             if a.alias_info is not None and a.alias_info.is_write} == {"out", "lse"}
     kv = torch.ops.aotc.kv_write.default._schema
     assert {a.name for a in kv.arguments if a.alias_info is not None and a.alias_info.is_write} == {"k_cache", "v_cache"}
-    assert [a.name for a in kv.arguments] == ["key", "value", "k_cache", "v_cache", "slot_mapping", "kv_layout"]
-    assert kv.arguments[-1].default_value == "NHD" and not kv.returns
+    assert [a.name for a in kv.arguments] == ["key", "value", "k_cache", "v_cache", "slot_mapping", "kv_layout",
+                                              "k_scale", "v_scale"]
+    assert kv.arguments[5].default_value == "NHD" and not kv.returns
+    assert [a.name for a in torch.ops.aotc.decode.default._schema.arguments][-2:] == ["k_descale", "v_descale"]
 
 
 # ---- fake implementations --------------------------------------------------------------------------
@@ -322,7 +326,11 @@ def test_the_ops_pass_the_score_features_to_the_runtime(ref):
     assert ref.features[-1]["window_left"] == 5 and ref.features[-1]["sinks"] is sinks
     qd, kc, vc, seqlens, pt = paged()
     aotc_torch.decode(qd, kc, vc, seqlens, pt, window_left=127, softcap=50.0)
-    assert ref.features[-1] == {"window_left": 127, "softcap": 50.0, "sinks": None}
+    assert ref.features[-1] == {"window_left": 127, "softcap": 50.0, "sinks": None, "k_descale": None,
+                                "v_descale": None}
+    scales = torch.ones(2), torch.ones(2)  # an fp8 cache's scales reach the runtime too
+    aotc_torch.decode(qd, kc, vc, seqlens, pt, k_descale=scales[0], v_descale=scales[1])
+    assert ref.features[-1]["k_descale"] is scales[0] and ref.features[-1]["v_descale"] is scales[1]
 
 
 def test_ops_compute_what_the_runtime_computes(ref):

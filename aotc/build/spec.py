@@ -114,8 +114,13 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
         if len(distinct) != len(excludes):
             raise SpecError(f"{ctx}: an exclude table is listed more than once")
         lists = []
+        follows = {}  # field -> the field whose value it takes (Field.unlisted_from, the spec leaving it out)
         for f in fam.fields:
             values = _as_list(table.get(f.name), f"{ctx}: {f.name}")
+            if values is None and f.unlisted_from:
+                follows[f.name] = f.unlisted_from
+                lists.append([None])
+                continue
             values = list(f.choices if f.unlisted is None else f.unlisted) if values is None else values
             for v in values:
                 if v not in f.choices or type(v) is not type(f.choices[0]):
@@ -124,13 +129,14 @@ def enumerate_spec(doc: dict, name: str = "spec", where: str = "<spec>") -> Spec
         for arch in archs:
             for combo in itertools.product(*lists):
                 values = dict(zip(field_names, combo))
+                values.update({name: values[other] for name, other in follows.items()})
                 reason = None
                 if arch not in fam.archs:
                     reason = f"family {fam.name} does not support {arch} (supports {list(fam.archs)})"
                 elif any(all((arch if k == "arch" else values[k]) == v for k, v in ex.items()) for ex in excludes):
                     reason = "excluded by the spec"
                 else:
-                    reason = fam.why_invalid(values)
+                    reason = fam.why_invalid({**values, "arch": arch})
                 if reason is not None:
                     pruned.append(Pruned(fam.name, {"arch": arch, **values}, reason))
                 else:

@@ -76,7 +76,7 @@ def check_variant(variant) -> None:
     # a field the family gained since the record was written, whose one unlisted value (aotc.families.Field) is
     # what every kernel did before it (the score features: off), may be missing: such a kernel is what it
     # says (bundle diff pairs it with with_defaults()), and its older parameter list keeps it from serving
-    added = {f.name for f in fam.fields if f.unlisted is not None and len(f.unlisted) == 1}
+    added = {f.name for f in fam.fields if f.unlisted_from or (f.unlisted is not None and len(f.unlisted) == 1)}
     if sorted(got) != sorted(names) and not (set(got) <= set(names) and set(names) - set(got) <= added):
         unknown, missing = sorted(set(got) - set(names)), sorted(set(names) - set(got))
         raise Refused(f"variant fields of {fam.name} are {names}; "
@@ -87,14 +87,15 @@ def check_variant(variant) -> None:
     for name, v in variant.fields:
         if (type(v), v) not in allowed[name]:
             raise Refused(f"{fam.name} field {name} = {v!r} is not one of {list(fam.field(name).choices)}")
-    reason = fam.why_invalid(values)
+    reason = fam.why_invalid({**values, "arch": variant.arch})  # (rules may read the arch: kv_dtype's does)
     if reason is not None:
         raise Refused(f"{variant.name} is not a valid {fam.name} variant: {reason}")
 
 
 def with_defaults(variant):
     """The variant with every field its family gained since it was recorded (see check_variant) at that
-    field's one unlisted value: the record this aotc would write for the same kernel."""
+    field's one unlisted value (or the value of the field it follows, Field.unlisted_from): the record this
+    aotc would write for the same kernel."""
     from .variant import Variant
 
     try:
@@ -102,8 +103,10 @@ def with_defaults(variant):
     except KeyError:
         return variant
     have = dict(variant.fields)
-    missing = {f.name: f.unlisted[0] for f in fam.fields
-               if f.name not in have and f.unlisted is not None and len(f.unlisted) == 1}
+    missing = {f.name: f.unlisted[0] for f in fam.fields if f.name not in have and not f.unlisted_from
+               and f.unlisted is not None and len(f.unlisted) == 1}
+    missing.update({f.name: have[f.unlisted_from] for f in fam.fields
+                    if f.name not in have and f.unlisted_from in have})
     return Variant.make(variant.family, variant.arch, **have, **missing) if missing else variant
 
 

@@ -25,6 +25,9 @@ class Field:
     doc: str
     # the choices a spec that leaves the field out takes (None: all of them)
     unlisted: tuple[Any, ...] | None = None
+    # a spec (or a record from before the field) that leaves the field out takes this other field's value
+    # (kv_dtype: the queries' dtype); overrides unlisted
+    unlisted_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,7 @@ class Family:
     doc: str
     archs: tuple[str, ...]
     fields: tuple[Field, ...]
-    # why_invalid(values) -> reason string, or None when the combination is valid
+    # why_invalid(values) -> reason string, or None when the combination is valid (values: the fields and "arch")
     why_invalid: Callable[[dict], str | None]
     params: Callable[[Variant], tuple[Param, ...]]
     launch: Callable[[Variant], LaunchFacts]

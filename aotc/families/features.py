@@ -29,7 +29,8 @@ FEATURE_FIELDS = (
     Field("sinks", (False, True), "a learned per-head sink logit in the softmax denominator", unlisted=(False,)),
 )
 
-# appended to every attention kernel's parameters (the kernels' signatures end with them)
+# appended to every attention kernel's parameters (the kernels' signatures end with them; sdpa_decode's then
+# with its fp8 KV scales, aotc.families.kv_dtype)
 FEATURE_PARAMS: tuple[Param, ...] = (ptr("sinks", 4), Param("window_left", "i32"), Param("softcap", "f32"))
 
 

@@ -11,19 +11,21 @@ Tensors (element strides; head-dim stride 1 everywhere, every row 16-byte aligne
       num_pages * P; -1 marks a padding token) is skipped on the device: nothing of that token is written,
       so a bad slot can never write out of bounds (the host cannot see device data to check it).
 
-The copy is bitwise (the pools' dtype is the inputs'). Launch: grid (ceil(num_tokens / tokens_per_cta),
+kv_dtype = dtype: the copy is bitwise. kv_dtype = fp8_e4m3 (aotc.families.kv_dtype): the pools hold e4m3
+bytes, e4m3(clamp(x / scale[h], -448, 448)) rounded to nearest even, scale = k_scale (v_scale) fp32 [H_kv]
+with scale_stride_h 1 (0: one scale for every head); a thread converts its 16-byte chunk of 8 values into 8
+bytes. Launch: grid (ceil(num_tokens / tokens_per_cta),
 H_kv, 1), block THREADS: CTA (x, h) copies head h of tokens [x * tokens_per_cta, (x + 1) * tokens_per_cta),
 thread t taking 16-byte chunk t % (D / 8) of token x * tokens_per_cta + t // (D / 8), in K and in V. The
 page size is a runtime value (page_shift); num_tokens is a per-call scalar (a plan serves every batch size).
 
-A later `kv_dtype` field (fp8_e4m3 pools with per-head descales, quantized on write) would change the
-parameter list by variant, which params(variant) allows.
 """
 from __future__ import annotations
 
 from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import KNOWN_ARCHS, Family, Field, register
+from .kv_dtype import KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
 
 THREADS = 128
 ROWS_PER_THREAD = 2  # (token, head) rows a thread copies: 2 x 32 bytes in flight per thread
@@ -39,6 +41,7 @@ PARAMS: tuple[Param, ...] = (
     Param("num_slots", "i64"),
     *scalars("i64", "key_stride_token", "key_stride_head", "value_stride_token", "value_stride_head",
              "k_stride_page", "k_stride_token", "k_stride_head", "v_stride_page", "v_stride_token", "v_stride_head"),
+    *kv_scale_params("scale"),  # fp8 pools only (aotc.families.kv_dtype)
 )
 
 
@@ -55,7 +58,7 @@ def _why_invalid(values: dict) -> str | None:
     row_bytes = values["head_dim"] * ELEMENT_BYTES[values["dtype"]]
     if row_bytes % VEC_BYTES or THREADS % (row_bytes // VEC_BYTES):
         return f"a row of head_dim {values['head_dim']} must be 16-byte chunks dividing {THREADS} threads"
-    return None
+    return why_invalid_kv_dtype(values)
 
 
 def launch_facts(variant: Variant) -> LaunchFacts:
@@ -73,8 +76,9 @@ FAMILY = register(Family(
     doc="write new tokens' K and V into paged NHD/HND pools through an int64 slot mapping (-1 skips)",
     archs=KNOWN_ARCHS,
     fields=(
-        Field("dtype", ("fp16", "bf16"), "dtype of key, value and the pools"),
+        Field("dtype", ("fp16", "bf16"), "dtype of key and value (and of the pools unless kv_dtype says fp8)"),
         Field("head_dim", (64, 128, 256), "head dimension D"),
+        KV_DTYPE_FIELD,
     ),
     why_invalid=_why_invalid,
     params=lambda v: PARAMS,

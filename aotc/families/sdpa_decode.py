@@ -14,6 +14,11 @@ Tensors (element strides; head-dim stride 1 everywhere):
       plan's decode query length), else left alone (another kernel writes them); strides as dense with
       the batch stride 0 and the sequence stride the token stride
 
+fp8 KV (kv_dtype fp8_e4m3, aotc.families.kv_dtype): K/V pools of e4m3 bytes (strides multiples of 16) with
+fp32 scales k_descale / v_descale [H_kv] (descale_stride_h 1) or [1] (0); attention over k_fp8 * k_descale[h],
+v_fp8 * v_descale[h]. The kernel converts the e4m3 tiles to fp16 in shared memory and runs its MMAs in fp16
+(Q rewritten as fp16 times a power of two per CTA), the K scale in the softmax scale, the V scale in O.
+
 Causal within the new tokens: query i (0-based among S_q) sees keys j <= seqlens_kv[b] - S_q + i.
 GQA packing: a CTA serves one (batch, kv head, split) and up to ROWS_PER_CTA (token, query head) rows of
 that KV head (all of them when H_q / H_kv * S_q <= 16, the common decode case), so each K/V byte is read
@@ -38,6 +43,7 @@ from ..common.abi import LaunchFacts, Param, has_grid_dependency_control, ptr, s
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS
+from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
@@ -57,15 +63,20 @@ class Tile:
     slots: int
     ctas_per_sm: int
     smem_limit: int
+    # fp8 KV: the ring's slots hold e4m3 tiles, which each thread converts (its own cp.async chunks) into
+    # one of two 16-bit tiles, K's and V's, that the MMAs read
+    fp8: bool = False
 
     @property
     def block_n(self) -> int:
         return WARPS * self.keys_per_warp
 
     def smem_bytes(self, head_dim: int) -> int:
-        """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
+        """max(Q tile + ring (+ the two 16-bit tiles of fp8 KV), the epilogue's merge buffer, which overlays
+        them), in 1 KiB steps."""
         q_bytes = ROWS_PER_CTA * head_dim * 2
-        ring_bytes = self.slots * self.block_n * head_dim * 2
+        tile = self.block_n * head_dim
+        ring_bytes = self.slots * tile + 2 * tile * 2 if self.fp8 else self.slots * tile * 2
         # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
         merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
         return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024
@@ -83,10 +94,43 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
           256: {"big": 3, "a100": 2, "small": 2}}
 
 
-def tile(head_dim: int, arch: str) -> Tile:
+# fp8 KV (the archs with e4m3, big and small classes): ring slots of e4m3 tiles beside the two 16-bit tiles.
+# D256 on the big parts takes one CTA per SM (227 KB: 9 slots of 16 KB in flight, what two CTAs of 2 slots
+# would not reach); no D256 tile fits the small parts' 99 KB.
+_FP8_TILES = {(64, "big"): (9, 2, 113), (128, "big"): (9, 2, 113), (256, "big"): (9, 1, 227),
+              (64, "small"): (8, 1, 99), (128, "small"): (7, 1, 99)}
+
+
+def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
+    """The tile of a head dim, arch and KV dtype (None: no fp8 tile fits the arch's shared memory)."""
     cls = SMEM_CLASS.get(arch, "small")
+    if kv_dtype == FP8:
+        fits = _FP8_TILES.get((head_dim, cls))
+        if fits is None:
+            return None
+        slots, ctas, limit_kb = fits
+        return Tile(_KEYS_PER_WARP[head_dim], slots, ctas, limit_kb * 1024, fp8=True)
     ctas, limit = _CLASS_LIMITS[cls]
     return Tile(_KEYS_PER_WARP[head_dim], _SLOTS[head_dim][cls], ctas, limit)
+
+
+def variant_tile(variant: Variant) -> Tile:
+    t = tile(variant["head_dim"], variant.arch, variant.get("kv_dtype"))
+    if t is None:
+        raise ValueError(f"{variant.name}: {_why_no_tile(variant['head_dim'], variant.arch)}")
+    return t
+
+
+def _why_no_tile(head_dim: int, arch: str) -> str:
+    return f"no fp8 KV tile of head_dim {head_dim} fits the shared memory of {arch}"
+
+
+def _why_invalid(values: dict) -> str | None:
+    reason = why_invalid_kv_dtype(values)
+    if reason is None and values.get("kv_dtype") == FP8 and values.get("arch") is not None:
+        if tile(values["head_dim"], values["arch"], FP8) is None:
+            return _why_no_tile(values["head_dim"], values["arch"])
+    return reason
 
 # Q/K/V/O and the fp32 O partials 16-byte aligned (128-bit cp.async and stores); the rest 4
 PARAMS: tuple[Param, ...] = (
@@ -100,6 +144,7 @@ PARAMS: tuple[Param, ...] = (
              "lse_stride_b", "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p",
              "op_stride_chunk", "op_stride_s", "op_stride_h", "lp_stride_chunk", "lp_stride_h", "lp_stride_s"),
     *FEATURE_PARAMS,
+    *kv_scale_params("descale"),  # fp8 KV only (aotc.families.kv_dtype)
 )
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
@@ -111,7 +156,7 @@ def page_size(variant: Variant) -> int:
 
 
 def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
-    t = t or tile(variant["head_dim"], variant.arch)
+    t = t or variant_tile(variant)
     return LaunchFacts(
         block=(THREADS, 1, 1),
         dynamic_smem=t.smem_bytes(variant["head_dim"]),
@@ -131,14 +176,15 @@ FAMILY = register(Family(
     doc="decode attention over a paged or dense KV cache, GQA-packed, split-KV merged in the same launch",
     archs=ARCHS,
     fields=(
-        Field("dtype", ("fp16", "bf16"), "dtype of Q, K, V and O"),
+        Field("dtype", ("fp16", "bf16"), "dtype of Q and O (and of K and V unless kv_dtype says fp8)"),
         Field("head_dim", (64, 128, 256), "head dimension D"),
         Field("kv", KV_CHOICES, "dense KV [B, S, H_kv, D], or a paged pool with this page size"),
         Field("layout", ("dense", "ragged"), "Q/O [B, S_q, H_q, D]; or ragged [total_q, H_q, D] with cu_seqlens_q, "
                                              "serving the sequences of 1 .. seqlen_q queries (the decode rows of "
                                              "Runtime.attention; the paged prefill kernel takes the others)"),
+        KV_DTYPE_FIELD,
     ) + FEATURE_FIELDS,
-    why_invalid=lambda values: None,  # decode is causal: every feature combination is served
+    why_invalid=_why_invalid,  # decode is causal: every feature combination is served
     params=lambda v: PARAMS,
     launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_decode",

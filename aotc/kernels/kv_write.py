@@ -17,7 +17,9 @@ A token past num_tokens (the grid's last CTA) loads the last token's row instead
 writes nothing; a skipped token's row is read for nothing. Every offset is Int64 (pools beyond 2^31
 elements); the runtime checks 16-byte aligned bases and strides that are multiples of 8 elements, which
 the parameters' .align and the 128-bit accesses rely on. The same code serves every arch from sm_80 to
-sm_120a.
+sm_120a. fp8 pools (kv_dtype fp8_e4m3, sm_89 and later): each chunk's 8 values are divided by the head's
+scale (IEEE division, as a reference quantizer's x / scale) and converted to 8 e4m3 bytes
+(aotc.kernels.fp8), one 64-bit store; pool offsets are in bytes, strides multiples of 16.
 """
 import cutlass
 import cutlass.cute as cute
@@ -27,7 +29,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..families import kv_write as family
 from ..families.kv_write import ROWS_PER_THREAD, THREADS, VEC_BYTES
+from ..families.kv_dtype import FP8
 from .compile import KernelBuild, compile_kernel
+from .fp8 import f32x2_to_e4m3x2
 from .warp_mma import DTYPES
 
 
@@ -50,6 +54,14 @@ def store_16b(ptr, words: tuple, *, loc=None, ip=None) -> None:
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
+@dsl_user_op
+def store_8b(ptr, words: tuple, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None, [ptr.to_llvm_ptr(loc=loc, ip=ip), *(Int32(w).ir_value(loc=loc, ip=ip) for w in words)],
+        "st.global.v2.b32 [$0], {$1, $2};", "l,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
 class KvWrite:
     """One (dtype, head dim) variant: the chunk mapping above."""
 
@@ -61,6 +73,7 @@ class KvWrite:
             raise ValueError(f"not a kv_write variant: {variant.name}")
         self.variant = variant
         self.dtype = DTYPES[variant["dtype"]]
+        self.FP8 = variant.get("kv_dtype") == FP8
         self.VEC = VEC_BYTES * 8 // self.dtype.width  # elements of one 16-byte chunk
         self.CPR = family.chunks_per_row(variant)
         self.TPC = THREADS // self.CPR  # tokens a CTA covers with one row per thread
@@ -73,8 +86,25 @@ class KvWrite:
         return type(self).__name__
 
     def pointee_types(self) -> dict:
-        return {"key": self.dtype, "value": self.dtype, "k_cache": self.dtype, "v_cache": self.dtype,
-                "slot_mapping": Int64}
+        pool = cutlass.Uint8 if self.FP8 else self.dtype
+        return {"key": self.dtype, "value": self.dtype, "k_cache": pool, "v_cache": pool,
+                "slot_mapping": Int64, "k_scale": cutlass.Float32, "v_scale": cutlass.Float32}
+
+    @cute.jit
+    def quantize(self, words, scale):
+        """8 16-bit values (4 words) -> 8 e4m3 bytes (2 words) of x / scale."""
+        raw = cute.make_rmem_tensor((4,), Int32)
+        for i in cutlass.range_constexpr(4):
+            raw[i] = words[i]
+        x = cute.recast_tensor(raw, self.dtype).load().to(cutlass.Float32)
+        vals = cute.make_rmem_tensor((8,), cutlass.Float32)
+        vals.store(x)
+        out = []
+        for w in cutlass.range_constexpr(2):
+            b01 = f32x2_to_e4m3x2(vals[4 * w] / scale, vals[4 * w + 1] / scale)
+            b23 = f32x2_to_e4m3x2(vals[4 * w + 2] / scale, vals[4 * w + 3] / scale)
+            out.append(b01 | (b23 << 16))
+        return tuple(out)
 
     def launch_facts(self):
         return family.launch_facts(self.variant)
@@ -88,6 +118,7 @@ class KvWrite:
         key_stride_token: Int64, key_stride_head: Int64, value_stride_token: Int64, value_stride_head: Int64,
         k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
         v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        k_scale: cute.Pointer, v_scale: cute.Pointer, scale_stride_h: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, _ = cute.arch.block_idx()
@@ -103,6 +134,9 @@ class KvWrite:
             slots.append(slot_mapping[t64])
             ks.append(load_16b(key + (t64 * key_stride_token + h64 * key_stride_head + col)))
             vs.append(load_16b(value + (t64 * value_stride_token + h64 * value_stride_head + col)))
+        if cutlass.const_expr(self.FP8):
+            ks_h = k_scale[h64 * Int64(scale_stride_h)]
+            vs_h = v_scale[h64 * Int64(scale_stride_h)]
         mask = (Int64(1) << Int64(page_shift)) - Int64(1)
         for r in cutlass.range_constexpr(ROWS_PER_THREAD):
             slot = slots[r]
@@ -111,10 +145,14 @@ class KvWrite:
                 if cutlass.Uint64(slot) < cutlass.Uint64(num_slots):
                     page = slot >> Int64(page_shift)
                     off = slot & mask
-                    store_16b(k_cache + (page * k_stride_page + off * k_stride_token + h64 * k_stride_head + col),
-                              ks[r])
-                    store_16b(v_cache + (page * v_stride_page + off * v_stride_token + h64 * v_stride_head + col),
-                              vs[r])
+                    k_dst = k_cache + (page * k_stride_page + off * k_stride_token + h64 * k_stride_head + col)
+                    v_dst = v_cache + (page * v_stride_page + off * v_stride_token + h64 * v_stride_head + col)
+                    if cutlass.const_expr(self.FP8):
+                        store_8b(k_dst, self.quantize(ks[r], ks_h))
+                        store_8b(v_dst, self.quantize(vs[r], vs_h))
+                    else:
+                        store_16b(k_dst, ks[r])
+                        store_16b(v_dst, vs[r])
 
     @cute.jit
     def __call__(
@@ -125,12 +163,14 @@ class KvWrite:
         key_stride_token: Int64, key_stride_head: Int64, value_stride_token: Int64, value_stride_head: Int64,
         k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
         v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        k_scale: cute.Pointer, v_scale: cute.Pointer, scale_stride_h: Int32,
     ):
         # The real launch is done by the aotc runtime; this one only makes the module well formed.
         self.kv_write_kernel(
             key, value, k_cache, v_cache, slot_mapping, num_tokens, heads_kv, page_shift, num_slots,
             key_stride_token, key_stride_head, value_stride_token, value_stride_head,
             k_stride_page, k_stride_token, k_stride_head, v_stride_page, v_stride_token, v_stride_head,
+            k_scale, v_scale, scale_stride_h,
         ).launch(grid=[(num_tokens + (self.TOKENS - 1)) // self.TOKENS, heads_kv, 1], block=[THREADS, 1, 1])
 
 

@@ -85,14 +85,17 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..common.abi import has_grid_dependency_control
+from ..families.kv_dtype import FP8
 from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
-                                    launch_facts, tile)
+                                    launch_facts, variant_tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
 from .tile_scheduler import KvChunks
 from .mask import mask_columns, mask_columns_between
-from .softmax import LN_2, LOG2_E, NEG_INF, ScoreScale, quad_allreduce, softcap_row, softmax_row, with_sink
+from .softmax import (LN_2, LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, quad_allreduce, rescale_rows, softcap_row,
+                      softmax_row, with_sink)
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms,
-                       make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
+                       make_g2s, make_g2s_fp8, make_s2s_rows, make_warp_mma, opaque_i32, smem_tile_layout)
 
 _THREADS = THREADS
 _WARPS = WARPS
@@ -123,7 +126,17 @@ class SdpaDecode:
         self.D = D = int(variant["head_dim"])
         self.page = page = page_size_of(variant["kv"])
         arch = variant.arch
-        self.tile = t = tile_ or tile(D, arch)
+        self.tile = t = tile_ or variant_tile(variant)
+        # fp8 KV: e4m3 tiles in the ring, converted by each thread (its own cp.async chunks) into K's or V's
+        # 16-bit tile before the step's barrier; the K scale joins the softmax scale, the V scale the output
+        self.KV8 = KV8 = variant.get("kv_dtype") == FP8
+        if KV8 != t.fp8:
+            raise ValueError(f"tile {t} is not a tile of kv_dtype {variant.get('kv_dtype')}")
+        self.CW = min(16, D // 8)                # fp8: bytes a thread copies of a row per 128-byte pass
+        # fp8: the MMAs run in fp16 (e4m3 -> fp16 is exact and one instruction per two values; to bf16 it
+        # takes five): K and V tiles in fp16, P in fp16, and Q rewritten in smem as fp16 times 2^-s, s per CTA
+        # from its rows' largest |q| (so any bf16 query fits fp16's range), 2^s joining the softmax scale
+        self.MMA_DTYPE = cutlass.Float16 if KV8 else dtype
         self.KW = KW = t.keys_per_warp
         self.BN = BN = t.block_n
         self.SLOTS = SLOTS = t.slots
@@ -149,12 +162,21 @@ class SdpaDecode:
                 or (PAGED and (page & (page - 1) or page % 16))  # row-iteration j lies in page 16j // P
                 or smem > t.smem_limit):
             raise ValueError(f"unsupported tile {t} for head_dim {D}, page {page} ({smem} bytes of smem)")
-        ring_elems = (smem - _ROWS * D * 2) // 2
+        if KV8:
+            stage_bytes = smem - _ROWS * D * 2 - 2 * self.TILE * 2
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
-            sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
+                sKV: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, 2 * self.TILE], 1024]  # K's, V's tile
+                sStage: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, stage_bytes], 1024]  # e4m3 ring
+        else:
+            ring_elems = (smem - _ROWS * D * 2) // 2
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
+                sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
 
         self.smem_size = SharedStorage.size_in_bytes()
         if self.smem_size != smem:
@@ -166,9 +188,11 @@ class SdpaDecode:
         return type(self).__name__
 
     def pointee_types(self) -> dict:
-        return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
+        kv = cutlass.Uint8 if self.KV8 else self.dtype
+        return {"q": self.dtype, "k": kv, "v": kv, "o": self.dtype, "lse": Float32,
                 "o_partial": Float32, "lse_partial": Float32, "counters": Int32, "page_table": Int32,
-                "seqlens_kv": Int32, "cu_seqlens_q": Int32, "sinks": Float32}
+                "seqlens_kv": Int32, "cu_seqlens_q": Int32, "sinks": Float32, "k_descale": Float32,
+                "v_descale": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -205,8 +229,10 @@ class SdpaDecode:
     @cute.jit
     def copy_row(self, g2s, thr, base, off, dst):
         """cp.async this thread's chunks of one (., D) row at base + off into dst (CPY, D/64): the
-        source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out."""
-        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, self.D), stride=(0, 1)))
+        source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out. off: elements of
+        base (16-bit, or fp8 bytes), a multiple of 16 bytes."""
+        src = cute.make_tensor(base + cute.assume(off, divby=16 // (base.dtype.width // 8)),
+                               cute.make_layout((16, self.D), stride=(0, 1)))
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
@@ -227,11 +253,14 @@ class SdpaDecode:
     def load_tile(self, ctx, tid, slot, m, is_v: cutlass.Constexpr):
         """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled."""
         if m < ctx.n_blocks:
-            g2s = ctx.g2s
+            g2s = ctx.g2s_kv
             thr = g2s.get_slice(tid)
             ring_off = cute.assume(slot * self.TILE, divby=512)
-            sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
-            tXs = thr.partition_D(sT)  # (CPY, BN/16, D/64)
+            if cutlass.const_expr(self.KV8):  # an e4m3 tile of the ring, row-major
+                sT = cute.make_tensor(ctx.stage_ptr + ring_off, ctx.stage_layout)
+            else:
+                sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
+            tXs = thr.partition_D(sT)  # (CPY, BN/16, D/64), fp8 (CPY, BN/16, D/(8*CW))
             base = ctx.v if cutlass.const_expr(is_v) else ctx.k
             s_page = ctx.v_stride_page if cutlass.const_expr(is_v) else ctx.k_stride_page
             s_tok = ctx.v_stride_token if cutlass.const_expr(is_v) else ctx.k_stride_token
@@ -251,6 +280,58 @@ class SdpaDecode:
                     self.copy_row(g2s, thr, base, off, tXs[None, j, None])
                 else:
                     tXs[None, j, None].fill(0)
+
+    @cute.jit
+    def convert(self, ctx, tid, t):
+        """fp8 KV: this thread's chunks of e4m3 tile t (its own cp.async copies, landed: no barrier needed)
+        into the 16-bit tile t % 2 (K's or V's) the step's MMAs read after the barrier. Tile t - 2 last
+        used that buffer, and every warp finished with it before the previous step's barrier."""
+        thr = ctx.g2s_kv.get_slice(tid)
+        src = thr.partition_D(cute.make_tensor(
+            ctx.stage_ptr + cute.assume((t % self.SLOTS) * self.TILE, divby=512), ctx.stage_layout))
+        dst = ctx.cvt_s.get_slice(tid).partition_D(cute.make_tensor(
+            ctx.ring_ptr + cute.assume((t % 2) * self.TILE, divby=512), ctx.tile_layout))
+        words = cute.make_rmem_tensor((self.CW // 4,), Int32)
+        out = cute.make_rmem_tensor((self.CW // 2,), Int32)
+        for j in cutlass.range_constexpr(self.ROW_ITERS):
+            for c in cutlass.range_constexpr(cute.size(src.shape[2])):
+                cute.autovec_copy(src[None, j, c], cute.recast_tensor(words, cutlass.Uint8))
+                for w in cutlass.range_constexpr(self.CW // 4):
+                    lo, hi = e4m3x4_to_f16x2x2(words[w])
+                    out[2 * w] = lo
+                    out[2 * w + 1] = hi
+                cute.autovec_copy(cute.recast_tensor(out, cutlass.Float16), dst[None, j, c])
+
+    @cute.jit
+    def q_to_f16(self, ctx, tid):
+        """fp8 KV: rewrite the Q tile in smem as fp16 times 2^-s, s = floor(log2(max |q|)) - 13 over the CTA's
+        rows (the largest scaled |q| in [2^13, 2^14): fp16 holds every bf16 query to its full precision but for
+        values 2^27 below the largest); returns 2^s, which the softmax scale takes. Each thread rewrites the Q
+        chunks it copied (landed: the caller waited for tile 0's group, which Q joins); the block-wide max
+        goes through V's 16-bit tile, unused until the first V step."""
+        thr = ctx.g2s.get_slice(tid)
+        src = thr.partition_D(cute.make_tensor(ctx.sQ_ptr, ctx.q_layout))[None, 0, None]
+        x = cute.make_rmem_tensor(src.shape, self.dtype)
+        cute.autovec_copy(src, x)
+        xf = cute.make_rmem_tensor(src.shape, Float32)
+        xf.store(x.load().to(Float32))
+        m = Float32(0.0)
+        for i in cutlass.range_constexpr(cute.size(xf)):
+            m = cute.arch.fmax(m, cute.arch.fmax(xf[i], -xf[i]))
+        for off in (16, 8, 4, 2, 1):
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=off, mask=-1, mask_and_clamp=31))
+        red = cute.recast_ptr(ctx.ring_ptr + self.TILE, dtype=Float32)
+        if tid & 31 == 0:
+            red[tid >> 5] = m
+        cute.arch.barrier()
+        for w in cutlass.range_constexpr(_WARPS):
+            m = cute.arch.fmax(m, red[w])
+        e = cutlass.max(cutlass.min(exponent_of(m) - 13, Int32(120)), Int32(-120))  # (m = 0: -120)
+        xf.store(xf.load() * pow2(-e))
+        h = cute.make_rmem_tensor(src.shape, cutlass.Float16)
+        h.store(xf.load().to(cutlass.Float16))
+        cute.autovec_copy(h, thr.partition_D(cute.make_tensor(ctx.sQ_mma, ctx.q_layout))[None, 0, None])
+        return pow2(e)
 
     @cute.jit
     def issue(self, ctx, tid, t_issue, m, is_v: cutlass.Constexpr):
@@ -290,6 +371,8 @@ class SdpaDecode:
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n
         cute.arch.cp_async_wait_group(self.SLOTS - 2)
+        if cutlass.const_expr(self.KV8):
+            self.convert(ctx, tid, t)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + (SLOTS-1)//2, a V tile iff SLOTS is even
         self.issue(ctx, tid, t + (self.SLOTS - 1), n + (self.SLOTS - 1) // 2, self.SLOTS % 2 == 0)
@@ -297,8 +380,9 @@ class SdpaDecode:
         lane = tid & 31
         wn = tid >> 5
         zero = cute.assume(opaque_i32(Int32(0)), divby=512)
-        sQ = cute.make_tensor(ctx.sQ_ptr + zero, ctx.q_layout)
-        k_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        sQ = cute.make_tensor(ctx.sQ_mma + zero, ctx.q_layout)
+        k_slot = 0 if cutlass.const_expr(self.KV8) else t % self.SLOTS  # fp8: K's 16-bit tile
+        k_off = cute.assume(k_slot * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
         sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, D): this warp's keys
 
         mma = ctx.mma
@@ -307,13 +391,22 @@ class SdpaDecode:
         s2r_K = ctx.s2r_K.get_slice(lane)
         tSsQ = s2r_Q.partition_S(sQ)
         tSsK = s2r_K.partition_S(sK)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tSrQ_v = s2r_Q.retile(tSrQ)
         tSrK_v = s2r_K.retile(tSrK)
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, self.KW)), Float32)
         acc_S.fill(0.0)
-        gemm_ldmatrix(mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
+        if cutlass.const_expr(self.KV8):  # Q's fragments stay in registers (loaded once, after q_to_f16)
+            tSrQ = ctx.rQ
+            n_k = cute.size(tSsK.shape[2])
+            cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
+            for kk in cutlass.range_constexpr(n_k):
+                if cutlass.const_expr(kk + 1 < n_k):
+                    cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
+                cute.gemm(mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+        else:
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrQ_v = s2r_Q.retile(tSrQ)
+            gemm_ldmatrix(mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
 
         S_mn = acc_mn_view(acc_S)
         cS = cute.make_identity_tensor((_ROWS, self.KW))
@@ -325,6 +418,12 @@ class SdpaDecode:
             # key j = lo + n*BN + wn*KW + c of row r is visible iff j < row_lim[r] (and, windowed, j >= row_lo[r])
             col0 = thr_mma.partition_C(cS)[0][1]
             key0 = ctx.lo + n * self.BN + wn * self.KW + col0
+        if cutlass.const_expr(self.KV8):
+            # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2): fp8 decode is bound by instructions, not
+            # bytes, and the O rescale was a tenth of them
+            alphas = cute.make_rmem_tensor((2,), Float32)
+            changed = False
+            O_views = [acc_mn_view(ctx.acc_O[h]) for h in range(self.N_CHUNKS)]
         for r in cutlass.range_constexpr(2):
             if cutlass.const_expr(self.SOFTCAP):
                 softcap_row(S_mn, r, ctx.cap_in)
@@ -333,11 +432,19 @@ class SdpaDecode:
                     mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
                 else:
                     mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
-            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
-            for h in cutlass.range_constexpr(self.N_CHUNKS):
-                O_mn = acc_mn_view(ctx.acc_O[h])
-                O_mn[r, None].store(O_mn[r, None].load() * alpha)
-        ctx.rP.store(acc_S.load().to(self.dtype))
+            if cutlass.const_expr(self.KV8):
+                alphas[r] = softmax_row(S_mn, row_max, row_sum, r, scale_log2, MAX_SLACK_LOG2)
+                changed = changed | (alphas[r] != Float32(1.0))
+            else:
+                alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+                for h in cutlass.range_constexpr(self.N_CHUNKS):
+                    O_mn = acc_mn_view(ctx.acc_O[h])
+                    O_mn[r, None].store(O_mn[r, None].load() * alpha)
+        if cutlass.const_expr(self.KV8):
+            if cute.arch.vote_any_sync(changed):  # warp-uniform: skipped while no row of the warp moved its max
+                for h in cutlass.range_constexpr(self.N_CHUNKS):
+                    rescale_rows(O_views[h], alphas)
+        ctx.rP.store(acc_S.load().to(self.MMA_DTYPE))
 
     @cute.jit
     def v_step(self, ctx, n):
@@ -345,13 +452,16 @@ class SdpaDecode:
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n + 1
         cute.arch.cp_async_wait_group(self.SLOTS - 2)
+        if cutlass.const_expr(self.KV8):
+            self.convert(ctx, tid, t)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + SLOTS//2, a V tile iff SLOTS is odd
         self.issue(ctx, tid, t + (self.SLOTS - 1), n + self.SLOTS // 2, self.SLOTS % 2 == 1)
 
         lane = tid & 31
         wn = tid >> 5
-        v_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        v_slot = 1 if cutlass.const_expr(self.KV8) else t % self.SLOTS  # fp8: V's 16-bit tile
+        v_off = cute.assume(v_slot * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
         sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, D): this warp's keys
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
@@ -440,7 +550,7 @@ class SdpaDecode:
                 inv = Float32(0.0)
                 lse_v = Float32(NEG_INF)  # no visible key (and no sink): O = 0, LSE = -inf
                 if total > Float32(0.0):
-                    inv = factor / total
+                    inv = factor * ctx.v_scale / total  # (v_scale: fp8 KV's V scale, else 1)
                     lse_v = (m_s + cute.math.log2(total, fastmath=True)) * Float32(LN_2)
                 res = acc.load() * inv
                 if ctx.n_seq > 1:
@@ -586,6 +696,7 @@ class SdpaDecode:
         op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         if cutlass.const_expr(self.PDL):
             # a kernel the caller launches next as a programmatic dependent (e.g. the output projection,
@@ -619,7 +730,8 @@ class SdpaDecode:
                     lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
                     op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
                     Int32(tidx), col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-                    group, group * s_q, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap)
+                    group, group * s_q, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap,
+                    k_descale, v_descale, descale_stride_h)
 
     @cute.jit
     def attend(self, q, k, v, o, lse, o_partial, lse_partial, counters, page_table, seqlen_q, heads_kv, write_lse,
@@ -628,7 +740,8 @@ class SdpaDecode:
                lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
                op_stride_chunk, op_stride_s, op_stride_h, lp_stride_chunk, lp_stride_h, lp_stride_s,
                tidx, col, chunk, bidx, s_kv, lo, hi, n_seq, first_full, n_full, partial_slot,
-               group, n_rows, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap):
+               group, n_rows, kvh, row_tile, row_tiles, q_row0, sinks, window_left, softcap,
+               k_descale, v_descale, descale_stride_h):
         """The CTA's work on its chunk: keys [lo, hi) of sequence bidx (seqlen_q queries, the first at row
         q_row0 of a ragged Q) for its (KV head, row tile)."""
         n_blocks = Int32(0)
@@ -649,8 +762,8 @@ class SdpaDecode:
         n_plain = cutlass.max(n_left, n_unmasked)
 
         storage = SmemAllocator().allocate(self.SharedStorage)
-        tiled_mma = make_warp_mma(self.dtype, 1)
-        ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
+        tiled_mma = make_warp_mma(self.MMA_DTYPE, 1)
+        ldsm, ldsm_t = ldmatrix_atoms(self.MMA_DTYPE)
         sQ_ptr = storage.sQ.data_ptr()
         ring_ptr = storage.sKV.data_ptr()
         tile_layout = smem_tile_layout(self.BN, self.D)
@@ -672,19 +785,31 @@ class SdpaDecode:
             write_lse=write_lse,
             sinks=sinks,
             sQ_ptr=sQ_ptr, ring_ptr=ring_ptr,
+            sQ_mma=cute.recast_ptr(sQ_ptr, dtype=self.MMA_DTYPE),  # fp8 KV: Q rewritten in fp16 (q_to_f16)
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
             q_layout=smem_tile_layout(_ROWS, self.D),
             tile_layout=tile_layout,
             # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
             warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (self.KW, self.D), (0, 0)).layout,
             g2s=make_g2s(self.dtype, _THREADS),
+            g2s_kv=make_g2s_fp8(self.CW, _THREADS) if cutlass.const_expr(self.KV8) else make_g2s(self.dtype, _THREADS),
             mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
         )
-        score = ScoreScale(softmax_scale, softcap, self.SOFTCAP)
-        ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
+        ctx.v_scale = Float32(1.0)
+        if cutlass.const_expr(self.KV8):
+            ctx.stage_ptr = storage.sStage.data_ptr()
+            ctx.stage_layout = cute.make_layout((self.BN, self.D), stride=(self.D, 1))
+            ctx.cvt_s = make_s2s_rows(cutlass.Float16, self.CW, _THREADS)
+            # the KV head's scales: attention over k_fp8 * k_scale and v_fp8 * v_scale
+            softmax_scale = softmax_scale * k_descale[Int64(kvh) * Int64(descale_stride_h)]
+            ctx.v_scale = v_descale[Int64(kvh) * Int64(descale_stride_h)]
+        ctx.softmax_scale, ctx.softcap = softmax_scale, softcap
+        if cutlass.const_expr(not self.KV8):
+            score = ScoreScale(softmax_scale, softcap, self.SOFTCAP)
+            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         if cutlass.const_expr(self.PAGED):
             ctx.pg = cute.make_rmem_tensor((self.N_PG,), Int32)
         # per-warp state: fp32 O in 64-column chunks, running row max, per-thread partial row sums
@@ -698,7 +823,7 @@ class SdpaDecode:
         ctx.row_sum = cute.make_rmem_tensor((2,), Float32)
         ctx.row_max.fill(NEG_INF)
         ctx.row_sum.fill(0.0)
-        ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, self.KW)), self.dtype)
+        ctx.rP = cute.make_rmem_tensor(thr_mma0.partition_shape_C((_ROWS, self.KW)), self.MMA_DTYPE)
         # key limit of this thread's two rows: j < min(hi, S_kv - S_q + 1 + i)
         cS = cute.make_identity_tensor((_ROWS, self.KW))
         t0ScS_mn = acc_mn_view(tiled_mma.get_slice(0).partition_C(cS))
@@ -713,6 +838,17 @@ class SdpaDecode:
         ctx.row_lo = row_lo
 
         self.prologue(ctx)
+        if cutlass.const_expr(self.KV8):
+            cute.arch.cp_async_wait_group(self.SLOTS - 2)  # tile 0's group, Q with it
+            q_scale = self.q_to_f16(ctx, opaque_i32(ctx.tidx) & (_THREADS - 1))
+            cute.arch.barrier()  # every thread's fp16 Q in smem
+            thr_q = tiled_mma.get_slice(tidx & 31)
+            sQ16 = cute.make_tensor(ctx.sQ_mma, ctx.q_layout)
+            ctx.rQ = thr_q.make_fragment_A(thr_q.partition_A(sQ16))
+            s2r_Q = ctx.s2r_Q.get_slice(tidx & 31)
+            cute.copy(s2r_Q, s2r_Q.partition_S(sQ16), s2r_Q.retile(ctx.rQ))
+            score = ScoreScale(ctx.softmax_scale * q_scale, ctx.softcap, self.SOFTCAP)
+            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         if cutlass.const_expr(self.WINDOW):
             for t in cutlass.range(n_left, unroll=1):
                 self.k_step(ctx, t, True)
@@ -743,6 +879,7 @@ class SdpaDecode:
         op_stride_chunk: Int64, op_stride_s: Int64, op_stride_h: Int64,
         lp_stride_chunk: Int64, lp_stride_h: Int64, lp_stride_s: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         # The real launch is done by the aotc runtime; this one only makes the module well formed,
         # with the same block and dynamic smem.
@@ -760,7 +897,7 @@ class SdpaDecode:
             pt_stride_b, pt_stride_p,
             op_stride_chunk, op_stride_s, op_stride_h,
             lp_stride_chunk, lp_stride_h, lp_stride_s,
-            sinks, window_left, softcap,
+            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h,
         ).launch(
             grid=[heads_kv * row_tiles, target_chunks + batch, 1],
             block=[_THREADS, 1, 1],

@@ -260,29 +260,34 @@ class Runtime:
     def prepare_decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                        max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
                        workspace=None, softmax_scale: float | None = None,
-                       window_left: int | None = None, softcap: float | None = None, sinks=None):
+                       window_left: int | None = None, softcap: float | None = None, sinks=None,
+                       k_descale=None, v_descale=None):
         """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
         follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
         table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
         by default, 1 never splits; workspace: None for room in the runtime's shared arena
-        (aotc.runtime.workspace: plans sharing it must not run on two streams at once)."""
+        (aotc.runtime.workspace: plans sharing it must not run on two streams at once). k_descale, v_descale:
+        the fp32 scales [H_kv] or [1] of an fp8_e4m3 cache (aotc.runtime.kv_scales)."""
         from .decode import DecodePlan
 
         return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
                           kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale,
-                          window_left=window_left, softcap=softcap, sinks=sinks)
+                          window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale,
+                          v_descale=v_descale)
 
     def decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None, workspace=None,
                softmax_scale=None, stream=None,
-               window_left: int | None = None, softcap: float | None = None, sinks=None) -> None:
+               window_left: int | None = None, softcap: float | None = None, sinks=None,
+               k_descale=None, v_descale=None) -> None:
         """One decode step; the plan for these caches, layouts (and this workspace) is prepared once and
-        cached: a repeated call reads the tensors, looks the plan up and launches."""
+        cached: a repeated call reads the tensors, looks the plan up and launches. k_descale, v_descale: an
+        fp8_e4m3 cache's scales."""
         from .decode import decode
 
         decode(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
                kv_layout=kv_layout, chunks=chunks, workspace=workspace, softmax_scale=softmax_scale, stream=stream,
-               window_left=window_left, softcap=softcap, sinks=sinks)
+               window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale)
 
     def prepare_attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                           causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
@@ -321,20 +326,25 @@ class Runtime:
                   decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream,
                   window_left=window_left, softcap=softcap, sinks=sinks)
 
-    def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
+    def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
+                         k_scale=None, v_scale=None):
         """Validate once for these pools and key/value/slot layouts; returns a KvWritePlan (see
-        aotc.runtime.kv_write) whose calls take any token count."""
+        aotc.runtime.kv_write) whose calls take any token count. k_scale, v_scale: the fp32 scales [H_kv] or [1]
+        of fp8_e4m3 pools (quantized on write: e4m3(x / scale), aotc.runtime.kv_scales)."""
         from .kv_write import KvWritePlan
 
-        return KvWritePlan(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout)
+        return KvWritePlan(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, k_scale=k_scale,
+                           v_scale=v_scale)
 
-    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD", stream=None) -> None:
+    def kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD", stream=None,
+                 k_scale=None, v_scale=None) -> None:
         """Write key/value [tokens, H_kv, D] into the paged pools at slot_mapping's int64 slots (-1 and any
         slot past the pools skip); the plan for these pools and layouts is prepared once and cached, so a
-        step with another token count reuses it."""
+        step with another token count reuses it. fp8_e4m3 pools take k_scale, v_scale."""
         from .kv_write import kv_write
 
-        kv_write(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=stream)
+        kv_write(self, key, value, k_cache, v_cache, slot_mapping, kv_layout=kv_layout, stream=stream,
+                 k_scale=k_scale, v_scale=v_scale)
 
     MAX_PLANS = 1024
 

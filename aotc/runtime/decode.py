@@ -39,6 +39,7 @@ from . import driver
 from . import validate as V
 from .dlpack import torch_layouts
 from .features import check_features, feature_scalars, missing_kernel
+from .kv_scales import FP8, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
@@ -101,10 +102,12 @@ class DecodePlan(Plan):
     def __init__(self, runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *,
                  max_seqlen_kv: int | None = None, kv_layout: str = "NHD", chunks: int | None = None,
                  workspace=None, softmax_scale: float | None = None, cu_seqlens_q=None, decode_query_len: int = 0,
-                 window_left: int | None = None, softcap: float | None = None, sinks=None):
+                 window_left: int | None = None, softcap: float | None = None, sinks=None,
+                 k_descale=None, v_descale=None):
         """cu_seqlens_q (with decode_query_len, 1..16): ragged Q/O [total_q, H_q, D] and LSE [H_q, total_q];
         the sequences of 1 .. decode_query_len queries are served, the others left alone (Runtime.attention
-        gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features."""
+        gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features.
+        k_descale, v_descale: an fp8_e4m3 cache's scales (aotc.runtime.kv_scales)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_tensor(out, "out")}
         sl = as_tensor(seqlens_kv, "seqlens_kv")
@@ -116,11 +119,13 @@ class DecodePlan(Plan):
         softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
         feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device,
                                softmax_scale=softmax_scale)
-        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
+        scales = check_kv_scales(t["k_cache"], t["v_cache"], t["q"].dtype, k_descale, v_descale, heads_kv=d.heads_kv,
+                                 device=device)
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, {**feats.inputs(), **scales.inputs()})
         kv = "dense" if pt is None else f"paged{d.page}"
         wanted = {"dtype": t["q"].dtype, "head_dim": d.head_dim, "kv": kv, "layout": "dense" if cuq is None else "ragged",
-                  **feats.fields}
-        if feats.any and runtime.find(FAMILY, device, [wanted]) is None:
+                  **scales.fields, **feats.fields}
+        if (feats.any or scales.kv_dtype == FP8) and runtime.find(FAMILY, device, [wanted]) is None:
             raise missing_kernel((FAMILY,), wanted)
         kernel = runtime.select(FAMILY, device, [wanted])
         facts = kernel.artifact.launch.extra  # the tile the cubin was built with
@@ -137,7 +142,7 @@ class DecodePlan(Plan):
         if self.workspace_bytes:
             partials = _partials_bytes(chunks + d.batch, d.seqlen_q * d.heads_q, d.head_dim)
             ws = self._workspace(runtime, workspace, device, t, sl, pt, ls, partials, self.workspace_bytes - partials,
-                                 feats.inputs())
+                                 {**feats.inputs(), **scales.inputs()})
         ws_ptr = lp_ptr = counters_ptr = 0
         rows = d.seqlen_q * d.heads_q
         if ws is not None:
@@ -169,8 +174,10 @@ class DecodePlan(Plan):
             "op_stride_chunk": rows * d.head_dim, "op_stride_s": d.heads_q * d.head_dim, "op_stride_h": d.head_dim,
             "lp_stride_chunk": rows, "lp_stride_h": d.seqlen_q, "lp_stride_s": 1,
             **feats.values,
+            **scales.values,
         }
         self.features = feats
+        self.kv_scales = scales
         self.has_lse = ls is not None
         self.paged = pt is not None
         self.ragged = cuq is not None
@@ -183,7 +190,8 @@ class DecodePlan(Plan):
             "q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
         # and page table (new pointers a step may give; the prepared ones otherwise)
-        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws, **feats.inputs()}, {"out": o_, "lse": ls},
+        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws, **feats.inputs(), **scales.inputs()},
+                              {"out": o_, "lse": ls},
                               {"q": q_, "seqlens_kv": sl, "page_table": pt, "cu_seqlens_q": cuq})
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
         self._cq_ptr = 0 if cuq is None else cuq.ptr
@@ -291,8 +299,9 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     cuq: ragged queries (q/out [total_q, H_q, D], LSE [H_q, total_q]) of at most decode_query_len a sequence."""
     q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
     V.dtype(q, "q", DTYPES)
-    for name in ("k_cache", "v_cache", "out"):
-        V.dtype(t[name], name, (q.dtype,))
+    V.dtype(o, "out", (q.dtype,))
+    V.dtype(k, "k_cache", (q.dtype, FP8))  # (fp8: its scales are checked by kv_scales)
+    V.dtype(v, "v_cache", (k.dtype,))
     if cuq is None:
         V.ndim(q, "q", 4, "B, S_q, H_q, D")
         V.ndim(o, "out", 4, "B, S_q, H_q, D")
@@ -361,7 +370,7 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         x = t[name]
         V.unit_stride(x, name, len(x.shape) - 1)
         V.aligned(x, name, 16)
-        V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
+        V.stride_multiple(x, name, range(len(x.shape) - 1), kv_stride_multiple(x.dtype))  # 16 bytes
     V.no_self_overlap(o, "out")
     V.int32_extent(batch, "B")
     if batch >= MAX_CHUNK_SLOTS or heads_kv > 65535:
@@ -380,14 +389,15 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
 
 def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=None, *, max_seqlen_kv=None,
            kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, window_left=None, softcap=None,
-           sinks=None, stream=None) -> None:
+           sinks=None, k_descale=None, v_descale=None, stream=None) -> None:
     """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached
     (without a workspace of the caller's it takes room in the device's arena, aotc.runtime.workspace; the
     plan is not per stream, so a CUDA graph captured on its own stream after a warm-up call reuses it)."""
-    seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks)
+    seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks, k_descale,
+                         v_descale)
     s = as_stream(stream)
     if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
-        fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace, sinks),
+        fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace, sinks, k_descale, v_descale),
                          (max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap)))
         plan = runtime.plans.get(fast)
         if plan is not None:
@@ -398,14 +408,17 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
             ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
              (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
     qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
-    snk = None if sinks is None else as_tensor(sinks, "sinks")
+    extra = [None if x is None else as_tensor(x, n) for x, n in
+             ((sinks, "sinks"), (k_descale, "k_descale"), (v_descale, "v_descale"))]
+    snk, kds, vds = extra
     key = (FAMILY, runtime.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
            tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
            max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap),
-           None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device))
+           tuple(None if x is None else (x.ptr, x.shape, x.strides, x.dtype, x.device) for x in extra))
     plan = cached_plan(runtime, key, lambda: DecodePlan(
         runtime, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,
-        workspace=wsr, softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, sinks=snk))
+        workspace=wsr, softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, sinks=snk,
+        k_descale=kds, v_descale=vds))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, slr.ptr, 0 if ptr is None else ptr.ptr, s)

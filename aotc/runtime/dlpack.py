@@ -67,8 +67,10 @@ _DL_DTYPES: dict[tuple[int, int], str] = {
     (0, 64): "int64",
     (0, 8): "int8",
     (1, 8): "uint8",
+    (10, 8): "fp8_e4m3",  # kDLFloat8_e4m3fn (DLPack 1.1)
 }
-_DL_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque_handle", 4: "bfloat", 5: "complex", 6: "bool"}
+_DL_CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque_handle", 4: "bfloat", 5: "complex", 6: "bool",
+                  10: "float8_e4m3fn"}
 
 
 def _dl_dtype_name(code: int, bits: int, lanes: int) -> str:
@@ -275,7 +277,7 @@ def _from_cai(obj: Any, cai: Any, name: str) -> TensorArg:
 _torch_types: dict[type, bool] = {}
 _TORCH_DTYPE_NAMES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
                       "torch.float64": "fp64", "torch.int32": "int32", "torch.int64": "int64",
-                      "torch.int8": "int8", "torch.uint8": "uint8"}
+                      "torch.int8": "int8", "torch.uint8": "uint8", "torch.float8_e4m3fn": "fp8_e4m3"}
 _torch_dtypes: dict[Any, str | None] = {}
 
 

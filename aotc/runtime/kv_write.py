@@ -16,6 +16,10 @@ batch has them). Token i is written to page slot // page_size at in-page slot sl
 device data, so it cannot refuse one; a skipped token writes nothing). Two tokens with one slot write it
 in an unspecified order. num_tokens = 0 launches nothing.
 
+fp8_e4m3 pools (kv_dtype, aotc.runtime.kv_scales) take k_scale and v_scale, fp32 [H_kv] or [1] on the device:
+the pools get e4m3(clamp(x / scale, -448, 448)), rounded to nearest even (what torch's float8_e4m3fn
+conversion of the clamped quotient gives); pool strides are then multiples of 16 elements.
+
 A plan is fixed by layouts, not by the token count: the pools (pointers and layouts), key/value strides,
 H_kv, D and dtypes. Each call gives the token count (the grid follows it) and new key/value/slot pointers;
 Runtime.kv_write keeps one plan per pool set and layout, so an engine's step with another batch size reuses
@@ -30,6 +34,7 @@ from ..common.errors import ArgumentError
 from ..families.kv_write import MAX_HEADS_KV, PAGE_SIZES
 from . import validate as V
 from .dlpack import torch_layouts
+from .kv_scales import FP8, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
@@ -54,13 +59,24 @@ class KvWritePlan(Plan):
     family = FAMILY
     _torch_seen = None  # the torch layouts of the last tensors __call__ checked in full
 
-    def __init__(self, runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD"):
+    def __init__(self, runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
+                 k_scale=None, v_scale=None):
         t = {"key": as_tensor(key, "key"), "value": as_tensor(value, "value"),
              "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "slot_mapping": as_tensor(slot_mapping, "slot_mapping")}
         device = runtime.device()
         d = check_kv_write(runtime, device, t, kv_layout)
-        kernel = runtime.select(FAMILY, device, [{"dtype": t["key"].dtype, "head_dim": d.head_dim}])
+        scales = check_kv_scales(t["k_cache"], t["v_cache"], t["key"].dtype, k_scale, v_scale, heads_kv=d.heads_kv,
+                                 device=device, prefix="scale")
+        for pool in ("k_cache", "v_cache"):
+            V.no_overlap({pool: t[pool]}, scales.inputs())
+        wanted = {"dtype": t["key"].dtype, "head_dim": d.head_dim, **scales.fields}
+        if scales.kv_dtype == FP8 and runtime.find(FAMILY, device, [wanted]) is None:
+            raise ArgumentError("k_cache.dtype", FP8, f"a loaded {FAMILY} kernel for {wanted}; build one: a "
+                                                      f"[[family]] entry name = \"{FAMILY}\" with kv_dtype = "
+                                                      f"[\"{FP8}\"] in a spec, then aotc build")
+        kernel = runtime.select(FAMILY, device, [wanted])
+        self.kv_scales = scales
         self.tokens_per_cta = int(kernel.artifact.launch.extra["tokens_per_cta"])  # the cubin's own mapping
         k_, v_, s_ = t["key"], t["value"], t["slot_mapping"]
         num_tokens = s_.shape[0]
@@ -73,6 +89,7 @@ class KvWritePlan(Plan):
             "value_stride_token": v_.strides[0], "value_stride_head": v_.strides[1],
             "k_stride_page": d.k_strides[0], "k_stride_token": d.k_strides[1], "k_stride_head": d.k_strides[2],
             "v_stride_page": d.v_strides[0], "v_stride_token": d.v_strides[1], "v_stride_head": d.v_strides[2],
+            **scales.values,
         }
         self.shape = d
         self.kv_layout = kv_layout
@@ -170,8 +187,9 @@ def check_kv_write(runtime, device: int, t: dict[str, TensorArg], kv_layout: str
     slot_mapping's stride is 1 even for a single token."""
     key, value, k, v, sm = t["key"], t["value"], t["k_cache"], t["v_cache"], t["slot_mapping"]
     V.dtype(key, "key", DTYPES)
-    for name in ("value", "k_cache", "v_cache"):
-        V.dtype(t[name], name, (key.dtype,))
+    V.dtype(value, "value", (key.dtype,))
+    V.dtype(k, "k_cache", (key.dtype, FP8))  # (fp8: its scales are checked by kv_scales)
+    V.dtype(v, "v_cache", (k.dtype,))
     V.ndim(key, "key", 3, "tokens, H_kv, D")
     V.ndim(value, "value", 3, "tokens, H_kv, D")
     rows, heads_kv, head_dim = key.shape
@@ -212,7 +230,7 @@ def check_kv_write(runtime, device: int, t: dict[str, TensorArg], kv_layout: str
         x = t[name]
         V.unit_stride(x, name, x.ndim - 1)
         V.aligned(x, name, 16)
-        V.stride_multiple(x, name, range(x.ndim - 1), 8)
+        V.stride_multiple(x, name, range(x.ndim - 1), kv_stride_multiple(x.dtype))  # 16 bytes
     for name in ("key", "value"):  # fixed for every token count, as the plan is
         if t[name].strides[0] <= 0 or t[name].strides[0] % 8:
             raise ArgumentError(f"{name}.stride[0]", t[name].strides[0],
@@ -228,13 +246,15 @@ def check_kv_write(runtime, device: int, t: dict[str, TensorArg], kv_layout: str
                         (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))
 
 
-def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="NHD", stream=None) -> None:
+def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="NHD", stream=None,
+             k_scale=None, v_scale=None) -> None:
     """One call (Runtime.kv_write): the plan for these pools and layouts is prepared once and cached, whatever
     the token count."""
-    seen = torch_layouts(key, value, k_cache, v_cache, slot_mapping)
+    seen = torch_layouts(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if seen is not None:  # torch tensors: a key from their layouts (less the token counts) and the pools' pointers
-        fast = torch_key(FAMILY, runtime.device(), (*_torch_io_layout((seen[0], seen[1], seen[4])), seen[2], seen[3]),
-                         (k_cache, v_cache), (kv_layout,))
+        fast = torch_key(FAMILY, runtime.device(), (*_torch_io_layout((seen[0], seen[1], seen[4])), *seen[2:4],
+                                                    *seen[5:]),
+                         (k_cache, v_cache, k_scale, v_scale), (kv_layout,))
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr(), key.shape[0], value.shape[0],
@@ -242,9 +262,12 @@ def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="
             return
     kr, vr, kc, vc, sr = (as_tensor(x, n) for x, n in ((key, "key"), (value, "value"), (k_cache, "k_cache"),
                                                        (v_cache, "v_cache"), (slot_mapping, "slot_mapping")))
+    scales = tuple(None if x is None else as_tensor(x, n) for x, n in ((k_scale, "k_scale"), (v_scale, "v_scale")))
     key_ = (FAMILY, runtime.device(), kc.ptr, vc.ptr, (kc.shape, kc.strides, kc.dtype, kc.device),
-            (vc.shape, vc.strides, vc.dtype, vc.device), io_layout(kr, vr, sr), kv_layout)
-    plan = cached_plan(runtime, key_, lambda: KvWritePlan(runtime, kr, vr, kc, vc, sr, kv_layout=kv_layout))
+            (vc.shape, vc.strides, vc.dtype, vc.device), io_layout(kr, vr, sr), kv_layout,
+            tuple(None if x is None else (x.ptr, x.shape, x.strides, x.dtype, x.device) for x in scales))
+    plan = cached_plan(runtime, key_, lambda: KvWritePlan(runtime, kr, vr, kc, vc, sr, kv_layout=kv_layout,
+                                                          k_scale=scales[0], v_scale=scales[1]))
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(kr.ptr, vr.ptr, sr.ptr, kr.shape[0], vr.shape[0], sr.shape[0], as_stream(stream))

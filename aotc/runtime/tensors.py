@@ -33,6 +33,7 @@ DTYPES: dict[str, int] = {
     "int64": 8,
     "uint8": 1,
     "int8": 1,
+    "fp8_e4m3": 1,  # e4m3fn (fp8 KV caches: aotc.families.kv_dtype)
 }
 
 _DTYPE_LIST = ", ".join(DTYPES)

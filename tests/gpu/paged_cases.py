@@ -70,3 +70,21 @@ class PagedCache:
                 for b, (L, n) in enumerate(zip(self.lengths, self.need)):
                     for p in range(L // self.page, n):
                         x[int(self.page_table[b, p]), L - p * self.page if p == L // self.page else 0:] = value
+
+
+def decode_reference(q, k, v, scale, dtype=torch.float32):
+    """Attention of q [S_q, H_q, D] over k/v [S_kv, H_kv, D] in `dtype` (fp32, or fp64), causal bottom-right
+    (query i sees keys j <= S_kv - S_q + i): O [S_q, H_q, D], LSE [H_q, S_q] (a row with no key: -inf)."""
+    S_q, H_q, D = q.shape
+    S_kv, H_kv, _ = k.shape
+    rep = H_q // H_kv
+    qf = q.to(dtype).transpose(0, 1)
+    kf = k.to(dtype).repeat_interleave(rep, 1).transpose(0, 1)
+    vf = v.to(dtype).repeat_interleave(rep, 1).transpose(0, 1)
+    s = torch.matmul(qf, kf.transpose(1, 2)) * scale
+    i = torch.arange(S_q, device=q.device)[:, None]
+    j = torch.arange(S_kv, device=q.device)[None, :]
+    s = s.masked_fill(j > i + (S_kv - S_q), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
+    return torch.matmul(p, vf).transpose(0, 1), lse

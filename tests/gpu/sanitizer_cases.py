@@ -237,6 +237,49 @@ def feature_cases(picks=None):
                 launches += 1
 
 
+
+def fp8_cases():
+    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (the ring's e4m3 tiles converted into the 16-bit K/V
+    tiles between barriers: racecheck's case) with the lengths of decode_cases, and the quantizing KV write."""
+    global launches
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
+                       if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == "dense"
+                       and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
+    for dtype, D, kv in variants if mode == "all" else variants[:1]:
+        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        lengths = [1, 15, 16, 17, 0, 130, 4096]
+        B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
+        max_len = max(lengths)
+        q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H_q, S_q, device="cuda")
+        sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        page = int(kv[len("paged"):])
+        n = -(-max_len // page)
+        k = torch.randn(B * n, page, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
+        pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+        scale = torch.full((H_kv,), 0.05, device="cuda")
+        for chunks in (1, 5, None):
+            ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, chunks or 264)), dtype=torch.uint8,
+                             device="cuda")
+            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, chunks=chunks, workspace=ws,
+                      k_descale=scale, v_descale=scale)
+            launches += 1
+    for dtype, D in sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("kv_write", [])
+                            if k.variant.get("kv_dtype") == "fp8_e4m3"}):
+        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        for tokens in (1, 33, 100):
+            pages = -(-tokens // 16) + 1
+            kc = torch.empty(pages, 16, 2, D, device="cuda", dtype=torch.float8_e4m3fn)
+            vc = torch.empty_like(kc)
+            key = torch.randn(tokens, 2, D, device="cuda", dtype=t)
+            slots = torch.randperm(pages * 16, device="cuda")[:tokens]
+            slots[::3] = -1
+            scale = torch.full((2,), 0.01, device="cuda")
+            rt.kv_write(key, key, kc, vc, slots.to(torch.int64), k_scale=scale, v_scale=scale)
+            launches += 1
+
+
 if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
@@ -251,6 +294,7 @@ else:
         prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"))
     decode_cases()
     kv_write_cases()
+    fp8_cases()
     attention_cases(None if mode == "all" else [("bf16", 128, 16)])
     if mode == "all":
         feature_cases()

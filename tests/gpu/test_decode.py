@@ -14,7 +14,7 @@ import torch
 
 from aotc.common.errors import ArgumentError
 from common import check_close
-from paged_cases import PagedCache
+from paged_cases import PagedCache, decode_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -30,19 +30,7 @@ def decode_variants(rt, kv=None):
 
 def reference(q, k, v, scale):
     """q [S_q, H_q, D], k/v [S_kv, H_kv, D] -> O [S_q, H_q, D], LSE [H_q, S_q] (fp32, causal bottom-right)."""
-    S_q, H_q, D = q.shape
-    S_kv, H_kv, _ = k.shape
-    rep = H_q // H_kv
-    qf = q.float().transpose(0, 1)
-    kf = k.float().repeat_interleave(rep, 1).transpose(0, 1)
-    vf = v.float().repeat_interleave(rep, 1).transpose(0, 1)
-    s = torch.matmul(qf, kf.transpose(1, 2)) * scale
-    i = torch.arange(S_q, device=q.device)[:, None]
-    j = torch.arange(S_kv, device=q.device)[None, :]
-    s = s.masked_fill(j > i + (S_kv - S_q), -math.inf)
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)[..., None])
-    return torch.matmul(p, vf).transpose(0, 1), lse
+    return decode_reference(q, k, v, scale)
 
 
 def run_and_check(rt, cache, q, out, lse, chunks, what, workspace=None):

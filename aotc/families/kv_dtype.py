@@ -1,0 +1,43 @@
+"""The KV cache's dtype as a variant field of the families that read or write the cache (sdpa_decode,
+kv_write): the queries' dtype as before, or fp8 e4m3 (plain data).
+
+fp8_e4m3 pools hold e4m3fn bytes (no infinities; 0x7f/0xff are NaN; largest finite 448) with fp32 scales per
+KV head or per tensor, the same tensors for writing and reading, as vLLM's k_scale / v_scale:
+
+  kv_write  stores  e4m3(clamp(x / scale[h], -448, 448))   round to nearest even (cvt.rn.satfinite)
+  attention reads   k = k_fp8 * k_scale[h], v = v_fp8 * v_scale[h]   (exactly: the kernels fold the scales
+                    into the softmax scale and the output, aotc.kernels.sdpa_decode)
+
+The scales are runtime pointers to fp32 [H_kv]; scale_stride_h is 1, or 0 to broadcast one scale
+(a per-tensor scale of shape [1]). The parameters end the ABI of every variant of these families (unused
+when the cache is 16-bit).
+"""
+from __future__ import annotations
+
+from ..common.abi import Param, ptr
+from . import Field
+
+FP8 = "fp8_e4m3"
+E4M3_MAX = 448.0
+# e4m3 conversion instructions (cvt.rn.satfinite.e4m3x2.f32) are sm_89 and later
+FP8_ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
+
+KV_DTYPE_FIELD = Field(
+    "kv_dtype", ("fp16", "bf16", FP8),
+    "dtype of the K/V cache: the queries' dtype, or fp8_e4m3 with fp32 scales per KV head (or per tensor)",
+    unlisted_from="dtype")
+
+# (decode names them k_descale / v_descale, kv_write k_scale / v_scale: the same tensors)
+def kv_scale_params(prefix: str) -> tuple[Param, ...]:
+    return (ptr(f"k_{prefix}", 4), ptr(f"v_{prefix}", 4), Param(f"{prefix}_stride_h", "i32"))
+
+
+def why_invalid_kv_dtype(values: dict) -> str | None:
+    kv, dtype, arch = values.get("kv_dtype"), values.get("dtype"), values.get("arch")
+    if kv is None or kv == dtype:
+        return None
+    if kv != FP8:
+        return f"kv_dtype {kv} must be the dtype ({dtype}) or {FP8}"
+    if arch is not None and arch not in FP8_ARCHS:
+        return f"kv_dtype {FP8} needs an arch with e4m3 conversions ({', '.join(FP8_ARCHS)}), not {arch}"
+    return None

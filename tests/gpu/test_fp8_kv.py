@@ -1,0 +1,319 @@
+"""fp8 KV caches on the GPU (kv_dtype fp8_e4m3): decode over e4m3 pools with fp32 scales, and the KV write
+that quantizes into them.
+
+Decode: the pools hold e4m3 bytes of a random bf16 cache quantized with per-head scales (amax / 448), with
+e4m3 subnormals (bytes 0x01..0x07, 0x81..0x87) and zeros planted among them; the reference is fp64
+attention over the dequantized cache (k_fp8 * k_scale[h], v_fp8 * v_scale[h]), at bf16's tolerances
+(2e-2 / 2e-2, LSE 2e-3 / 2e-3); outputs are NaN-poisoned before every launch. Scales per KV head ([H_kv])
+and per tensor ([1]), NHD and HND, S_q 1 and 4, skewed lengths (0, 1, 15, 16, 17 beside 32768), CUDA-graph
+replay with new lengths.
+
+KV write: the pools' bytes equal torch's float8_e4m3fn conversion of clamp(x.float() / scale, -448, 448) at
+every written slot (inputs reach past +-448 * scale, so saturation is exercised, and near rounding ties),
+and every other byte keeps its poison (0x7f, an e4m3 NaN); -1 and out-of-range slots write nothing.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aotc.common.errors import ArgumentError
+from common import check_close
+from paged_cases import PagedCache, decode_reference
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fn
+DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {"fp16": (4e-3, 4e-3), "bf16": (2e-2, 2e-2)}
+LSE_TOL = (2e-3, 2e-3)
+E4M3_MAX = 448.0
+POISON = 0x7F
+
+
+def fp8_decode_variants(rt, layout="dense"):
+    vs = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
+                 if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == layout
+                 and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
+    assert vs, "the default bundle has no fp8 sdpa_decode kernels"
+    return vs
+
+
+def quantize(x, scale, head_axis):
+    """e4m3 of x / scale (scale [H] along head_axis, or [1]), saturated: the reference quantizer."""
+    shape = [1] * x.dim()
+    shape[head_axis] = -1
+    s = scale.view(shape) if scale.numel() > 1 else scale
+    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+
+
+class Fp8Cache:
+    """A PagedCache's pools quantized to e4m3 with per-head (or one) scales; subnormals and zeros planted."""
+
+    def __init__(self, lengths, page, H_kv, D, layout, gen, per_head=True, **kw):
+        self.base = PagedCache(lengths, page, H_kv, D, "bf16", layout, gen, **kw)
+        head_axis = 2 if layout == "NHD" else 1
+        self.layout, self.lengths, self.page_table, self.seqlens = layout, lengths, self.base.page_table, self.base.seqlens
+        self.scales = []
+        self.pools = []
+        for x in (self.base.k, self.base.v):
+            dims = [d for d in range(4) if d != head_axis]
+            amax = x.float().abs().amax(dim=dims) if per_head else x.float().abs().amax().reshape(1)
+            scale = (amax / E4M3_MAX).contiguous()
+            q8 = quantize(x, scale, head_axis)
+            bits = q8.view(torch.uint8)
+            plant = torch.rand(bits.shape, device="cuda", generator=gen)
+            sub = torch.randint(1, 8, bits.shape, device="cuda", generator=gen, dtype=torch.uint8)
+            sign = (torch.rand(bits.shape, device="cuda", generator=gen) < 0.5).to(torch.uint8) * 0x80
+            bits[plant < 0.05] = (sub | sign)[plant < 0.05]   # e4m3 subnormals: +-(1..7) * 2^-9
+            bits[(plant >= 0.05) & (plant < 0.07)] = 0
+            self.pools.append(q8)
+            self.scales.append(scale)
+        self.k, self.v = self.pools
+        self.k_scale, self.v_scale = self.scales
+        self.head_axis = head_axis
+
+    def dense(self, b):
+        """Sequence b's dequantized keys and values [L, H_kv, D] in fp64."""
+        L, P = self.lengths[b], self.base.page
+        pages = self.page_table[b, : math.ceil(L / P)].long()
+        out = []
+        for pool, scale in ((self.k, self.k_scale), (self.v, self.v_scale)):
+            x = pool.view(torch.uint8)  # (fp8 tensors take no advanced indexing)
+            x = x if self.layout == "NHD" else x.transpose(1, 2)
+            x = x[pages].view(FP8).double() * scale.double().view(1, 1, -1, 1)  # broadcasts a [1] scale
+            out.append(x.reshape(-1, x.shape[2], x.shape[3])[:L])
+        return out
+
+
+def reference(q, k, v, scale):
+    """fp64 attention: q [S_q, H_q, D], k/v [S_kv, H_kv, D] (causal bottom-right) -> O, LSE [H_q, S_q]."""
+    return decode_reference(q, k, v, scale, torch.float64)
+
+
+def check_step(cache, q, out, lse, what):
+    D = q.shape[-1]
+    for b in range(q.shape[0]):
+        k, v = cache.dense(b)
+        ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+        dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+        check_close(out[b], ro, TOL[dtype], f"O {what} b={b} L={cache.lengths[b]}")
+        check_close(lse[b], rl, LSE_TOL, f"LSE {what} b={b}")
+
+
+LENGTHS = [0, 1, 15, 16, 17, 1000, 32768]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("S_q", [1, 4])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_fp8_decode_against_the_dequantized_cache(rt, layout, S_q, per_head):
+    gen = torch.Generator(device="cuda").manual_seed(S_q + 2 * (layout == "HND") + 4 * per_head)
+    for dtype, D, kv in fp8_decode_variants(rt):
+        page = int(kv[len("paged"):]) if kv != "dense" else 0
+        if not page:
+            continue
+        cache = Fp8Cache(LENGTHS, page, 8, D, layout, gen, per_head=per_head)
+        q = torch.randn(len(LENGTHS), S_q, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out = torch.empty_like(q)
+        lse = torch.empty(len(LENGTHS), 32, S_q, device="cuda")
+        out.fill_(math.nan), lse.fill_(math.nan)
+        rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, kv_layout=layout,
+                  k_descale=cache.k_scale, v_descale=cache.v_scale, stream=torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        check_step(cache, q, out, lse, f"{dtype} D{D} {kv} {layout} S_q={S_q} per_head={per_head}")
+
+
+def test_fp8_decode_one_chunk_and_many(rt):
+    """chunks=1 (no split: the kernel writes O itself) and 64 (every sequence split; the merge scales V once)."""
+    dtype, D, kv = fp8_decode_variants(rt)[0]
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    cache = Fp8Cache([3000, 5, 777], int(kv[len("paged"):]), 4, D, "NHD", gen)
+    q = torch.randn(3, 2, 16, D, dtype=DT[dtype], device="cuda", generator=gen)
+    for chunks in (1, 64):
+        out, lse = torch.full_like(q, math.nan), torch.full((3, 16, 2), math.nan, device="cuda")
+        plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, chunks=chunks,
+                                 k_descale=cache.k_scale, v_descale=cache.v_scale)
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        check_step(cache, q, out, lse, f"chunks={chunks}")
+
+
+def test_fp8_decode_cuda_graph_replay_with_new_lengths(rt):
+    dtype, D, kv = fp8_decode_variants(rt)[0]
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    final = [32768, 40, 1, 2000]
+    cache = Fp8Cache(final, int(kv[len("paged"):]), 8, D, "NHD", gen)
+    q = torch.randn(4, 1, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.empty_like(q), torch.empty(4, 32, 1, device="cuda")
+
+    def set_lengths(lengths):
+        cache.lengths = lengths
+        cache.seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+
+    set_lengths([1, 40, 32000, 17])
+    plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=max(final),
+                             k_descale=cache.k_scale, v_descale=cache.v_scale)
+    plan(q, out, lse, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    for step, lengths in enumerate(([32768, 1, 0, 2000], [5, 39, 1, 1999], [17, 40, 1, 2000])):
+        set_lengths(lengths)
+        out.fill_(math.nan), lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_step(cache, q, out, lse, f"graph step {step}")
+
+
+def test_fp8_decode_bad_arguments(rt):
+    dtype, D, kv = fp8_decode_variants(rt)[0]
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    cache = Fp8Cache([100, 7], int(kv[len("paged"):]), 4, D, "NHD", gen)
+    q = torch.randn(2, 1, 8, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out = torch.empty_like(q)
+    args = (q, cache.k, cache.v, out, cache.seqlens, cache.page_table)
+    with pytest.raises(ArgumentError, match="k_descale"):
+        rt.decode(*args)  # an fp8 cache without its scales
+    with pytest.raises(ArgumentError, match="v_descale"):
+        rt.decode(*args, k_descale=cache.k_scale)
+    with pytest.raises(ArgumentError, match="k_descale.dtype"):
+        rt.decode(*args, k_descale=cache.k_scale.half(), v_descale=cache.v_scale)
+    with pytest.raises(ArgumentError, match=r"k_descale.shape\[0\]"):
+        rt.decode(*args, k_descale=torch.ones(3, device="cuda"), v_descale=cache.v_scale)
+    with pytest.raises(ArgumentError, match="k_descale"):
+        rt.decode(*args, k_descale=cache.k_scale.cpu(), v_descale=cache.v_scale)
+    with pytest.raises(ArgumentError, match="v_descale.shape"):
+        rt.decode(*args, k_descale=cache.k_scale, v_descale=cache.v_scale[:1])
+    bf16 = cache.base
+    with pytest.raises(ArgumentError, match="k_descale"):  # scales with a 16-bit cache
+        rt.decode(q, bf16.k, bf16.v, out, cache.seqlens, cache.page_table, k_descale=cache.k_scale,
+                  v_descale=cache.v_scale)
+    with pytest.raises(ArgumentError, match="v_cache.dtype"):  # K fp8, V bf16
+        rt.decode(q, cache.k, bf16.v, out, cache.seqlens, cache.page_table, k_descale=cache.k_scale,
+                  v_descale=cache.v_scale)
+
+
+# ---------------------------------------------------------------------------- KV write
+
+def fp8_write_variants(rt):
+    vs = sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("kv_write", [])
+                 if k.variant.get("kv_dtype") == "fp8_e4m3"})
+    assert vs, "the default bundle has no fp8 kv_write kernels"
+    return vs
+
+
+def fp8_pools(num_pages, page, H, D, layout):
+    shape = (num_pages, page, H, D) if layout == "NHD" else (num_pages, H, page, D)
+    pools = [torch.empty(shape, dtype=FP8, device="cuda") for _ in range(2)]
+    for p in pools:
+        p.view(torch.uint8).fill_(POISON)
+    return pools
+
+
+def reference_write(key, value, pools, scales, slots, layout):
+    page = pools[0].shape[1] if layout == "NHD" else pools[0].shape[2]
+    num_slots = pools[0].shape[0] * page
+    s = slots.long()
+    rows = torch.nonzero((s >= 0) & (s < num_slots)).flatten()
+    pg, off = s[rows] // page, s[rows] % page
+    want = []
+    for pool, new, scale in zip(pools, (key, value), scales):
+        w = pool.clone().view(torch.uint8)
+        src = quantize(new[rows], scale, 1).view(torch.uint8)
+        if layout == "NHD":
+            w.index_put_((pg, off), src)
+        else:
+            w.index_put_((pg[:, None], torch.arange(w.shape[1], device="cuda")[None, :], off[:, None]), src)
+        want.append(w)
+    return want
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("per_head", [True, False])
+def test_fp8_kv_write_bytes(rt, layout, per_head):
+    gen = torch.Generator(device="cuda").manual_seed(31 + (layout == "HND") + 2 * per_head)
+    for dtype, D in fp8_write_variants(rt):
+        for page in (16, 32, 64, 128):
+            H, tokens = 4, 300
+            num_pages = -(-tokens // page) + 3
+            pools = fp8_pools(num_pages, page, H, D, layout)
+            key = (torch.randn(tokens, H, D, device="cuda", generator=gen) * 3).to(DT[dtype])
+            value = (torch.randn(tokens, H, D, device="cuda", generator=gen) * 3).to(DT[dtype])
+            scales = [torch.rand(H if per_head else 1, device="cuda", generator=gen) * 0.005 + 0.002 for _ in range(2)]
+            slots = torch.randperm(num_pages * page, device="cuda", generator=gen)[:tokens].to(torch.int64)
+            slots[::7] = -1
+            slots[3] = num_pages * page  # past the pools: skipped
+            want = reference_write(key, value, pools, scales, slots, layout)
+            rt.kv_write(key, value, pools[0], pools[1], slots, kv_layout=layout, k_scale=scales[0], v_scale=scales[1],
+                        stream=torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            for name, pool, w in zip(("k_cache", "v_cache"), pools, want):
+                bad = pool.view(torch.uint8) != w
+                assert not bad.any(), (f"{dtype} D{D} {layout} page {page} per_head={per_head}: {name} has "
+                                       f"{int(bad.sum())} wrong bytes")
+            assert (key.float().abs() / scales[0].max() > E4M3_MAX).any(), "no input reached saturation"
+
+
+def test_fp8_kv_write_rounds_ties_to_even_and_saturates(rt):
+    """Scale 1: values halfway between e4m3 neighbours (normal and subnormal) round to the even one, values
+    past 448 (and infinities) saturate to +-448, zeros keep their sign."""
+    dtype, D = fp8_write_variants(rt)[0]
+    ties = [1.0625, 1.1875, 17.0, 19.0, 0.0029296875, 0.0048828125, 240.0, 464.0, 1e4, math.inf, 0.0, -0.0]
+    vals = torch.tensor(ties + [-t for t in ties], dtype=torch.float32)
+    row = vals.repeat(-(-D // vals.numel()))[:D].to(DT[dtype])
+    key = row.view(1, 1, D).repeat(16, 2, 1).cuda()
+    pools = fp8_pools(1, 16, 2, D, "NHD")
+    one = torch.ones(1, device="cuda")
+    slots = torch.arange(16, dtype=torch.int64, device="cuda")
+    rt.kv_write(key, key, pools[0], pools[1], slots, k_scale=one, v_scale=one, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    want = quantize(key, one, 1).view(torch.uint8)
+    assert torch.equal(pools[0].view(torch.uint8)[0], want)
+    got = pools[0][0, 0, 0, :len(ties)].float().tolist()
+    assert got[:8] == [1.0, 1.25, 16.0, 20.0, 0.00390625, 0.00390625, 240.0, 448.0], got
+    assert got[8:10] == [448.0, 448.0] and math.copysign(1, got[11]) == -1.0
+
+
+def test_fp8_write_then_decode(rt):
+    """The serving order: kv_write quantizes a step's new tokens into the pools, decode reads them."""
+    dtype, D = fp8_write_variants(rt)[0]
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    lengths = [700, 33]
+    cache = Fp8Cache(lengths, 16, 8, D, "NHD", gen)
+    new_k = torch.randn(2, 8, D, dtype=DT[dtype], device="cuda", generator=gen) * 0.5
+    new_v = torch.randn(2, 8, D, dtype=DT[dtype], device="cuda", generator=gen) * 0.5
+    slots = torch.tensor([int(cache.page_table[b, L // 16]) * 16 + L % 16 for b, L in enumerate(lengths)],
+                         dtype=torch.int64, device="cuda")
+    rt.kv_write(new_k, new_v, cache.k, cache.v, slots, k_scale=cache.k_scale, v_scale=cache.v_scale,
+                stream=torch.cuda.current_stream())
+    cache.lengths = [L + 1 for L in lengths]
+    cache.seqlens.copy_(torch.tensor(cache.lengths, dtype=torch.int32))
+    q = torch.randn(2, 1, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
+    out, lse = torch.full_like(q, math.nan), torch.full((2, 32, 1), math.nan, device="cuda")
+    rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, k_descale=cache.k_scale,
+              v_descale=cache.v_scale, stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    for b, L in enumerate(lengths):
+        got = cache.k[int(cache.page_table[b, L // 16]), L % 16].view(torch.uint8)
+        assert torch.equal(got, quantize(new_k[b], cache.k_scale, 0).view(torch.uint8))
+    check_step(cache, q, out, lse, "write then decode")
+
+
+def test_fp8_kv_write_bad_arguments(rt):
+    dtype, D = fp8_write_variants(rt)[0]
+    pools = fp8_pools(4, 16, 2, D, "NHD")
+    key = torch.randn(3, 2, D, dtype=DT[dtype], device="cuda")
+    slots = torch.arange(3, dtype=torch.int64, device="cuda")
+    scale = torch.ones(2, device="cuda")
+    with pytest.raises(ArgumentError, match="k_scale"):
+        rt.kv_write(key, key, pools[0], pools[1], slots)
+    with pytest.raises(ArgumentError, match=r"v_scale.shape\[0\]"):
+        rt.kv_write(key, key, pools[0], pools[1], slots, k_scale=scale, v_scale=torch.ones(5, device="cuda"))
+    with pytest.raises(ArgumentError, match="k_scale"):
+        bf = torch.empty(4, 16, 2, D, dtype=DT[dtype], device="cuda")
+        rt.kv_write(key, key, bf, bf.clone(), slots, k_scale=scale, v_scale=scale)
+    assert (pools[0].view(torch.uint8) == POISON).all(), "a refused call wrote"
