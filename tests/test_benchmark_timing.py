@@ -45,7 +45,8 @@ def test_benchmarks_tuners_and_probes_each_have_their_folder():
     assert {n: where.get(n) for n in ("fp16_power_probe", "split_sweep", "profile_kernel")} == \
         dict.fromkeys(("fp16_power_probe", "split_sweep", "profile_kernel"), "probes")
     top = sorted(n for n, d in where.items() if d == ".")
-    assert top == sorted(["bench_build", "bench_decode", "bench_decode_varlen", "bench_features", "bench_host", "bench_kv_write",
+    assert top == sorted(["bench_build", "bench_decode", "bench_decode_varlen", "bench_features", "bench_fp8_kv",
+                          "bench_host", "bench_kv_write",
                           "bench_paged_varlen",
                           "bench_prefill", "bench_runtime", "cold_start", "decode_breakdown", "legacy", "report",
                           "timing"])
