@@ -256,7 +256,7 @@ def test_plan_grid_follows_the_token_count(stub, layout, D_):
              "k_cache": pool(POOL, layout, dim=D_), "v_cache": pool(POOL + (1 << 30), layout, dim=D_)}
     rt = StubRuntime()
     plan = KvWritePlan(rt, *a.values(), kv_layout=layout)
-    assert rt.selected == [[{"dtype": "bf16", "head_dim": D_}]]
+    assert rt.selected == [[{"dtype": "bf16", "head_dim": D_, "kv_dtype": "bf16"}]]  # (16-bit pools: the queries' dtype)
     tpc = family.THREADS // (D_ // 8) * family.ROWS_PER_THREAD
     assert plan.tokens_per_cta == tpc
     assert _param(plan, "page_shift") == 4 and _param(plan, "num_slots") == PAGES * P
