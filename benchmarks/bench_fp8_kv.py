@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_decode_varlen import D, H_KV, H_Q, PAGE, Paged  # noqa: E402
 from benchmarks.timing import graph_time, interleaved  # noqa: E402
 
-D, H_Q, H_KV, PAGE = 128, 32, 8, 16
 E4M3_MAX = 448.0
 L2_CLEAR_BYTES = 200 << 20
 
@@ -41,30 +41,19 @@ CASES = {
 }
 
 
-class Cache:
-    """A bf16 NHD pool holding `lengths` (shuffled page ids) and its e4m3 copy with per-head scales."""
+class Cache(Paged):
+    """bench_decode_varlen's bf16 NHD pool (shuffled page ids, q/out [B, 1, H_q, D]) and its e4m3 copy with
+    per-head scales (amax / 448)."""
 
     def __init__(self, lengths, gen):
         import torch
 
-        self.lengths = lengths
-        need = [max(1, math.ceil(n / PAGE)) for n in lengths]
-        total = sum(need)
-        self.k = torch.randn(total, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
-        self.v = torch.randn_like(self.k)
+        super().__init__(lengths, gen)
         self.k_scale = (self.k.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
         self.v_scale = (self.v.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
         self.k8 = (self.k.float() / self.k_scale.view(1, 1, -1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         self.v8 = (self.v.float() / self.v_scale.view(1, 1, -1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
-        self.pt = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
-        pos = 0
-        for b, n in enumerate(need):
-            self.pt[b, :n] = perm[pos:pos + n]
-            pos += n
-        self.sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        self.q = torch.randn(len(lengths), 1, H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
-        self.out8 = torch.empty_like(self.q)
+        self.out8 = self.out
         self.out16 = torch.empty_like(self.q)
 
     def errors(self, b: int) -> tuple[float, float]:
