@@ -58,7 +58,8 @@ def _top_level_names(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            for t in node.targets:  # `X = ...` and `A, B = ...`
+                names.update(e.id for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name))
     return names
 
 
