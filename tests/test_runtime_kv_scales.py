@@ -186,3 +186,16 @@ def test_kv_write_checks_fp8_pool_strides():
     with pytest.raises(ArgumentError, match=r"k_cache.stride\[\d\]") as e:  # 136 bytes: not 16-byte rows
         check_kv_write(StubRuntime(), 0, bad, "NHD")
     assert "multiple of 16 elements" in str(e.value)
+
+
+def test_fp8_pools_without_a_loaded_kernel_name_the_spec_field_to_build():
+    class NoFp8(StubRuntime):
+        def find(self, family_name, device, candidates):
+            return None
+
+    k, v = pools()
+    a = write_args(k, v)
+    with pytest.raises(ArgumentError) as e:
+        KvWritePlan(NoFp8(), a["key"], a["value"], k, v, a["slot_mapping"], k_scale=scales()[0], v_scale=scales()[1])
+    assert e.value.name == "kv_dtype" and e.value.value["kv_dtype"] == FP8
+    assert 'name = "kv_write"' in e.value.expected and 'kv_dtype = ["fp8_e4m3"]' in e.value.expected

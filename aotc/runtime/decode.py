@@ -39,7 +39,7 @@ from . import driver
 from . import validate as V
 from .dlpack import torch_layouts
 from .features import check_features, feature_scalars, missing_kernel
-from .kv_scales import FP8, check_kv_scales, kv_stride_multiple
+from .kv_scales import FP8, check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
@@ -177,7 +177,6 @@ class DecodePlan(Plan):
             **scales.values,
         }
         self.features = feats
-        self.kv_scales = scales
         self.has_lse = ls is not None
         self.paged = pt is not None
         self.ragged = cuq is not None
@@ -300,8 +299,7 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
     V.dtype(q, "q", DTYPES)
     V.dtype(o, "out", (q.dtype,))
-    V.dtype(k, "k_cache", (q.dtype, FP8))  # (fp8: its scales are checked by kv_scales)
-    V.dtype(v, "v_cache", (k.dtype,))
+    check_kv_dtypes(k, v, q.dtype)  # (fp8: its scales are checked by the plan, kv_scales)
     if cuq is None:
         V.ndim(q, "q", 4, "B, S_q, H_q, D")
         V.ndim(o, "out", 4, "B, S_q, H_q, D")

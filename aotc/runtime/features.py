@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
 from ..families.features import FEATURES
+from ..families.kv_dtype import FP8
 from . import validate as V
 from .tensors import TensorArg, as_tensor
 
@@ -91,11 +92,13 @@ def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, ca
 
 
 def missing_kernel(families: tuple[str, ...], wanted: dict) -> ArgumentError:
-    """The error for a call whose features (wanted's feature fields) no loaded kernel of `families` has."""
-    on = [f for f in FEATURES if wanted.get(f)]
+    """The error for a call whose opt-in fields (the score features, an fp8 kv_dtype) no loaded kernel of
+    `families` has."""
+    on = [f for f in FEATURES if wanted.get(f)] + (["kv_dtype"] if wanted.get("kv_dtype") == FP8 else [])
+    asked = [*FEATURES, *(["kv_dtype"] if "kv_dtype" in wanted else [])]
     fields = ", ".join(f"{k} = {_toml(v)}" for k, v in wanted.items())
     return ArgumentError(
-        "/".join(on) or "features", {f: wanted.get(f) for f in FEATURES},
+        "/".join(on) or "features", {f: wanted.get(f) for f in asked},
         f"a loaded {' or '.join(families)} kernel with these features; build one: a [[family]] entry "
         f"name = \"{families[0]}\" with {fields} in a spec (specs/full.toml has them), then aotc build")
 

@@ -16,9 +16,6 @@ from ..families.kv_dtype import FP8
 from . import validate as V
 from .tensors import TensorArg, as_tensor
 
-KV_DTYPES = ("fp16", "bf16", FP8)
-
-
 @dataclass(frozen=True)
 class KvScales:
     kv_dtype: str
@@ -37,21 +34,21 @@ class KvScales:
             return {f"k_{p}": 0, f"v_{p}": 0, f"{p}_stride_h": 0}
         return {f"k_{p}": self.k.ptr, f"v_{p}": self.v.ptr, f"{p}_stride_h": int(self.k.shape[0] > 1)}
 
-    @property
-    def key(self) -> tuple:
-        return tuple(None if s is None else (s.ptr, s.shape, s.strides, s.dtype, s.device) for s in (self.k, self.v))
-
     def inputs(self) -> dict[str, TensorArg]:
         p = self.prefix
         return {} if self.k is None else {f"k_{p}": self.k, f"v_{p}": self.v}
 
 
-def check_kv_scales(k_cache: TensorArg, v_cache: TensorArg, query_dtype: str, k_scale, v_scale, *,
-                    heads_kv: int, device: int, prefix: str = "descale") -> KvScales:
-    """The pools' dtype (the queries' or fp8_e4m3, K and V alike) and, for fp8, the scales (named
-    k_<prefix>, v_<prefix> in errors)."""
+def check_kv_dtypes(k_cache: TensorArg, v_cache: TensorArg, query_dtype: str) -> None:
+    """The pools' dtype: the queries' or fp8_e4m3, K and V alike."""
     V.dtype(k_cache, "k_cache", (query_dtype, FP8))
     V.dtype(v_cache, "v_cache", (k_cache.dtype,))
+
+
+def check_kv_scales(k_cache: TensorArg, v_cache: TensorArg, query_dtype: str, k_scale, v_scale, *,
+                    heads_kv: int, device: int, prefix: str = "descale") -> KvScales:
+    """The pools' dtype (check_kv_dtypes) and, for fp8, the scales (named k_<prefix>, v_<prefix> in errors)."""
+    check_kv_dtypes(k_cache, v_cache, query_dtype)
     names = (f"k_{prefix}", f"v_{prefix}")
     if k_cache.dtype != FP8:
         for name, s in zip(names, (k_scale, v_scale)):

@@ -34,7 +34,8 @@ from ..common.errors import ArgumentError
 from ..families.kv_write import MAX_HEADS_KV, PAGE_SIZES
 from . import validate as V
 from .dlpack import torch_layouts
-from .kv_scales import FP8, check_kv_scales, kv_stride_multiple
+from .features import missing_kernel
+from .kv_scales import FP8, check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_stream, as_tensor
 
@@ -72,11 +73,8 @@ class KvWritePlan(Plan):
             V.no_overlap({pool: t[pool]}, scales.inputs())
         wanted = {"dtype": t["key"].dtype, "head_dim": d.head_dim, **scales.fields}
         if scales.kv_dtype == FP8 and runtime.find(FAMILY, device, [wanted]) is None:
-            raise ArgumentError("k_cache.dtype", FP8, f"a loaded {FAMILY} kernel for {wanted}; build one: a "
-                                                      f"[[family]] entry name = \"{FAMILY}\" with kv_dtype = "
-                                                      f"[\"{FP8}\"] in a spec, then aotc build")
+            raise missing_kernel((FAMILY,), wanted)
         kernel = runtime.select(FAMILY, device, [wanted])
-        self.kv_scales = scales
         self.tokens_per_cta = int(kernel.artifact.launch.extra["tokens_per_cta"])  # the cubin's own mapping
         k_, v_, s_ = t["key"], t["value"], t["slot_mapping"]
         num_tokens = s_.shape[0]
@@ -188,8 +186,7 @@ def check_kv_write(runtime, device: int, t: dict[str, TensorArg], kv_layout: str
     key, value, k, v, sm = t["key"], t["value"], t["k_cache"], t["v_cache"], t["slot_mapping"]
     V.dtype(key, "key", DTYPES)
     V.dtype(value, "value", (key.dtype,))
-    V.dtype(k, "k_cache", (key.dtype, FP8))  # (fp8: its scales are checked by kv_scales)
-    V.dtype(v, "v_cache", (k.dtype,))
+    check_kv_dtypes(k, v, key.dtype)  # (fp8: its scales are checked by the plan, kv_scales)
     V.ndim(key, "key", 3, "tokens, H_kv, D")
     V.ndim(value, "value", 3, "tokens, H_kv, D")
     rows, heads_kv, head_dim = key.shape
