@@ -10,7 +10,7 @@ pytest.importorskip("cutlass")
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import PARAMS, REGISTERS, tile  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import PARAMS, RAGGED_REGISTERS, REGISTERS, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -39,8 +39,9 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     bm, bn = t.block_m, t.block_n
     n_threads = t.threads
     assert f".reqntid {n_threads}, 1, 1" in ptx and n_threads == 128 * (1 + bm // 64)
-    # no spills at the consumer register budget; shared memory fits one CTA per SM
-    assert built.frame_bytes == 0
+    # no spills at the consumer register budget, but for D64 ragged's producer (32 registers): its loop
+    # bound, one 4-byte reload a tile; shared memory fits one CTA per SM
+    assert built.frame_bytes == (8 if (head_dim, layout) == (64, "ragged") else 0)
     assert built.launch.dynamic_smem == t.smem_bytes(head_dim)
     assert built.launch.dynamic_smem + k.static_smem <= SMEM_LIMIT
     # the Hopper machinery is there: TMA loads of the descriptor's rank, wgmma (the PV GEMM's A operand
@@ -57,7 +58,7 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     # hopper.store_converted_pairs); D256 keeps LLVM's own conversion, which measured faster
     if (head_dim, block_n) not in kernel._P_CONVERTED_WHOLE:
         assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
-    producer, consumer = REGISTERS[bm // 64]
+    producer, consumer = (RAGGED_REGISTERS if layout != "dense" else REGISTERS)[bm // 64]
     assert 128 * producer + (n_threads - 128) * consumer <= 65536  # within the register file
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)

@@ -37,7 +37,8 @@ Tiles of a paged call are enumerated from the device-side lengths (tile_schedule
 KV head, ceil(ceil(s_q * group / block_m) / 2) work items of a sequence of at least min_seqlen_q
 queries (a pair of tiles each: GQA-packed rows, the last tile with the first), so the persistent grid
 walks only real tiles whatever the mix of decode rows and long chunks, and a CUDA graph replayed with
-other lengths stays balanced.
+other lengths stays balanced. Ragged (unpaged) calls enumerate theirs the same way, per query head
+(rows unpacked): a batch of one long sequence among short ones walks no empty tiles.
 """
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ WARPGROUP = 128
 # registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
 # within the 64K registers of the SM (one CTA per SM)
 REGISTERS = {2: (24, 240), 3: (32, 160)}
-# paged: the producer warp also reads page tables and scans the lengths for its work items (at 24
-# registers it spilled at D256; D64 keeps the dense split, which fits)
-PAGED_REGISTERS = {2: (40, 232), 3: (32, 160)}
+# ragged and paged: the producer warp also scans the lengths for its work items and reads page tables
+# (at 24 registers it spilled at D256, and at D128 ragged; D64 keeps the dense split: 8 bytes of stack
+# in its ragged producer)
+RAGGED_REGISTERS = {2: (40, 232), 3: (32, 160)}
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
 STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
@@ -180,8 +182,8 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     return LaunchFacts(
         block=(t.threads, 1, 1),
         dynamic_smem=t.smem_bytes(variant["head_dim"]),
-        grid_rule=("persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1); paged: "
-                   "(SMs, 1, 1), the tiles enumerated from the device-side lengths"),
+        grid_rule=("persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1); ragged and "
+                   "paged: the tiles enumerated from the device-side lengths; paged: (SMs, 1, 1)"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
                "persistent": True, "tma": tma_recipe(variant, t.block_n)},
     )

@@ -4,7 +4,8 @@
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         python3 benchmarks/probes/profile_kernel.py prefill 128 2048 0
 
-Arguments: family (prefill, decode: paged KV, 16-token pages in random order; decode-dense: KV as
+Arguments: family (prefill; prefill-fa3: FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the
+same tensors, for side-by-side profiles, kernel regex:flash; decode: paged KV, 16-token pages in random order; decode-dense: KV as
 [B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000),
 S, causal.
 """
@@ -21,12 +22,19 @@ import aotc.runtime  # noqa: E402
 rt = aotc.runtime.load(os.environ.get("AOTC_PROFILE_BUNDLE")
                        or str(Path(__file__).resolve().parents[2] / "artifacts" / "default.aotc"))
 family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
-if family == "prefill":
+if family in ("prefill", "prefill-fa3"):
     B, H = max(1, 16384 // S), 16
     q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     out = torch.empty_like(q)
+    if family == "prefill-fa3":
+        from benchmarks.bench_runtime import import_fa3
+
+        fa3 = import_fa3()
     for _ in range(4):
-        rt.prefill(q, k, v, out, causal=causal)
+        if family == "prefill":
+            rt.prefill(q, k, v, out, causal=causal)
+        else:
+            fa3.flash_attn_func(q, k, v, causal=causal)
 elif family in ("decode", "decode-dense"):
     B, page, H_q, H_kv = D // 1000 or 64, 16, 32, 8  # D argument reused as B*1000 for decode runs
     D = 128

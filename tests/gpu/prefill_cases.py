@@ -120,6 +120,8 @@ RAGGED_CASES = [  # (seqlens_q, seqlens_kv, H_q, H_kv)
     ([1, 128, 4097], [1, 128, 4097], 4, 4),
     ([65, 3], [10, 3], 4, 1),  # S_q > S_kv: causal rows that see no key
     ([7, 0, 1000, 300], [7, 5, 1200, 300], 32, 8),  # many (sequence, head) pairs: causal tile pairs
+    # one long sequence among many short ones (and empty and one-token ones), GQA: the ragged tile walk
+    ([1500] + [40] * 20 + [0, 1, 129], [1500] + [40] * 20 + [0, 1, 200], 4, 2),
 ]
 
 

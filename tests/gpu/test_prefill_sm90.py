@@ -35,6 +35,38 @@ def test_prefill_ragged_matches_reference(rt_tile, case):
     run_ragged(rt_tile, FAMILY, case)
 
 
+def test_ragged_graph_replay_follows_new_lengths(rt):
+    """A ragged plan's tiles come from the device-side cu_seqlens (tile_scheduler.RaggedTiles): a CUDA
+    graph captured for one batch and replayed with other lengths in the same buffers covers each new
+    batch's tiles, and writes every row of it."""
+    H_q, H_kv, D, total = 8, 2, 128, 2048
+    q = torch.randn(total, H_q, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(total, H_kv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    out = torch.empty_like(q)
+    lse = torch.empty(H_q, total, device="cuda")
+    cu = torch.zeros(5, dtype=torch.int32, device="cuda")
+    batches = ([1500, 300, 200, 48], [0, 2000, 1, 47], [512, 512, 512, 512], [2048, 0, 0, 0])
+    cu.copy_(torch.tensor([0, 1500, 1800, 2000, 2048], dtype=torch.int32))
+    plan = rt.prepare_prefill(q, k, v, out, lse, causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=total,
+                              max_seqlen_kv=total, family=FAMILY)
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(), cu.data_ptr(), cu.data_ptr())
+    plan.run(*args, torch.cuda.current_stream().cuda_stream)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(*args, torch.cuda.current_stream().cuda_stream)
+    for lengths in batches:
+        bounds = [0] + torch.tensor(lengths).cumsum(0).tolist()
+        cu.copy_(torch.tensor(bounds, dtype=torch.int32))
+        out.fill_(math.nan), lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b, (s, e) in enumerate(zip(bounds, bounds[1:])):
+            ro, rl = ref_attention(q[s:e], k[s:e], v[s:e], True, 1.0 / math.sqrt(D))
+            check_close(out[s:e], ro, TOL["bf16"], f"O graph replay {lengths} seq {b}")
+            check_close(lse[:, s:e], rl, LSE_TOL, f"LSE graph replay {lengths} seq {b}")
+
+
 def test_prefill_large_score_range(rt_tile):
     run_large_score_range(rt_tile, FAMILY)
 
