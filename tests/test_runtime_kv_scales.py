@@ -53,7 +53,7 @@ def test_a_spec_without_kv_dtype_keeps_the_queries_dtype():
 
 def test_fp8_is_pruned_where_it_cannot_run_with_the_reason():
     doc = {"family": [{"name": "sdpa_decode", "arch": ["sm_80", "sm_89", "sm_90"], "dtype": ["bf16"],
-                       "head_dim": [128, 256], "kv": ["paged16"], "layout": ["dense"],
+                       "head_dim": [64, 128, 256], "kv": ["paged16"], "layout": ["dense"],
                        "kv_dtype": ["fp16", "bf16", FP8]}]}
     s = enumerate_spec(doc)
     got = {(v.arch, v["head_dim"], v["kv_dtype"]) for v in s.variants}
@@ -61,7 +61,8 @@ def test_fp8_is_pruned_where_it_cannot_run_with_the_reason():
     reasons = {(p.values["arch"], p.values["head_dim"], p.values["kv_dtype"]): p.reason for p in s.pruned}
     assert "must be the dtype" in reasons[("sm_90", 128, "fp16")]
     assert "e4m3 conversions" in reasons[("sm_80", 128, FP8)]
-    assert "fits the shared memory of sm_89" in reasons[("sm_89", 256, FP8)]  # no D256 tile in 99 KB
+    assert "head_dim >= 128" in reasons[("sm_90", 64, FP8)]
+    assert ("sm_89", 256, FP8) in got  # a D256 tile fits 99 KB
     assert set(FP8_ARCHS) >= {a for a, _, k in got if k == FP8}
 
 

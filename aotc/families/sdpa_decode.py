@@ -63,8 +63,7 @@ class Tile:
     slots: int
     ctas_per_sm: int
     smem_limit: int
-    # fp8 KV: the ring's slots hold e4m3 tiles, which each thread converts (its own cp.async chunks) into
-    # one of two 16-bit tiles, K's and V's, that the MMAs read
+    # fp8 KV: the ring's slots hold e4m3 tiles (half the bytes of a 16-bit tile), converted in registers
     fp8: bool = False
 
     @property
@@ -72,11 +71,9 @@ class Tile:
         return WARPS * self.keys_per_warp
 
     def smem_bytes(self, head_dim: int) -> int:
-        """max(Q tile + ring (+ the two 16-bit tiles of fp8 KV), the epilogue's merge buffer, which overlays
-        them), in 1 KiB steps."""
+        """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
         q_bytes = ROWS_PER_CTA * head_dim * 2
-        tile = self.block_n * head_dim
-        ring_bytes = self.slots * tile + 2 * tile * 2 if self.fp8 else self.slots * tile * 2
+        ring_bytes = self.slots * self.block_n * head_dim * (1 if self.fp8 else 2)
         # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
         merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
         return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024
@@ -94,11 +91,11 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
           256: {"big": 3, "a100": 2, "small": 2}}
 
 
-# fp8 KV (the archs with e4m3, big and small classes): ring slots of e4m3 tiles beside the two 16-bit tiles.
-# D256 on the big parts takes one CTA per SM (227 KB: 9 slots of 16 KB in flight, what two CTAs of 2 slots
-# would not reach); no D256 tile fits the small parts' 99 KB.
-_FP8_TILES = {(64, "big"): (9, 2, 113), (128, "big"): (9, 2, 113), (256, "big"): (9, 1, 227),
-              (64, "small"): (8, 1, 99), (128, "small"): (7, 1, 99)}
+# fp8 KV (the archs with e4m3, big and small classes): (ring slots of e4m3 tiles, CTAs per SM, KB per CTA).
+# fp8 decode is bound by instruction latency, not bytes (DESIGN.md): D128 runs 3 CTAs an SM (12 warps) with
+# 7 tiles of 8 KB each in flight. D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
+_FP8_TILES = {(128, "big"): (8, 3, 75), (256, "big"): (6, 2, 113), (128, "small"): (11, 1, 99),
+              (256, "small"): (5, 1, 99)}
 
 
 def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
@@ -122,6 +119,8 @@ def variant_tile(variant: Variant) -> Tile:
 
 
 def _why_no_tile(head_dim: int, arch: str) -> str:
+    if head_dim < 128:
+        return f"fp8 KV needs head_dim >= 128 (e4m3 rows of whole 128-byte swizzle atoms), not {head_dim}"
     return f"no fp8 KV tile of head_dim {head_dim} fits the shared memory of {arch}"
 
 

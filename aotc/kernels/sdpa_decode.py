@@ -89,13 +89,14 @@ from ..families.kv_dtype import FP8
 from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
                                     launch_facts, variant_tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
-from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
+from .fp8 import (e4m3_columns_to_f16x2x2, e4m3x4_to_f16x2x2, exponent_of, fp8_column, fragment_words,
+                  pow2)
 from .tile_scheduler import KvChunks
 from .mask import mask_columns, mask_columns_between
 from .softmax import (LN_2, LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, quad_allreduce, rescale_rows, softcap_row,
                       softmax_row, with_sink)
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms,
-                       make_g2s, make_g2s_fp8, make_s2s_rows, make_warp_mma, opaque_i32, smem_tile_layout)
+                       make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
 
 _THREADS = THREADS
 _WARPS = WARPS
@@ -132,15 +133,18 @@ class SdpaDecode:
         self.KV8 = KV8 = variant.get("kv_dtype") == FP8
         if KV8 != t.fp8:
             raise ValueError(f"tile {t} is not a tile of kv_dtype {variant.get('kv_dtype')}")
-        self.CW = min(16, D // 8)                # fp8: bytes a thread copies of a row per 128-byte pass
         # fp8: the MMAs run in fp16 (e4m3 -> fp16 is exact and one instruction per two values; to bf16 it
-        # takes five): K and V tiles in fp16, P in fp16, and Q rewritten in smem as fp16 times 2^-s, s per CTA
-        # from its rows' largest |q| (so any bf16 query fits fp16's range), 2^s joining the softmax scale
+        # takes five), P in fp16, Q rewritten in smem as fp16 times 2^-s, s per CTA from its rows' largest |q|
+        # (so any bf16 query fits fp16's range), 2^s joining the softmax scale. The ring holds e4m3 tiles seen
+        # as 16-bit pairs (KV_COLS = D/2 "elements" a row, the 16-bit tiles' swizzle), which ldmatrix loads as
+        # it loads 16-bit tiles; each register's 4 bytes are converted in registers (fp8_k_fragments,
+        # fp8_v_fragments), so no converted tile is stored
         self.MMA_DTYPE = cutlass.Float16 if KV8 else dtype
+        self.KV_COLS = D // 2 if KV8 else D
         self.KW = KW = t.keys_per_warp
         self.BN = BN = t.block_n
         self.SLOTS = SLOTS = t.slots
-        self.TILE = BN * D                       # elements of one K or V tile
+        self.TILE = BN * D // 2 if variant.get("kv_dtype") == FP8 else BN * D  # 16-bit elements of a K or V tile
         self.ROW_ITERS = BN // 16                # rows a thread copies per tile
         self.N_CHUNKS = D // ATOM_COLS           # 64-column chunks of D (O accumulators, V^T fragments)
         self.PAGED = PAGED = page > 0
@@ -159,24 +163,16 @@ class SdpaDecode:
         self.MERGE_ROWS = _THREADS // self.MERGE_TPR  # rows merged at a time (D 256: 2 rows of 64 threads)
         smem = t.smem_bytes(D)
         if (SLOTS < 2 or KW % 16 or D % ATOM_COLS or BN % 16 or (_ROWS * D // VEC) % _THREADS
+                or self.KV_COLS % ATOM_COLS  # fp8: rows of whole 128-byte swizzle atoms (D >= 128)
                 or (PAGED and (page & (page - 1) or page % 16))  # row-iteration j lies in page 16j // P
                 or smem > t.smem_limit):
             raise ValueError(f"unsupported tile {t} for head_dim {D}, page {page} ({smem} bytes of smem)")
-        if KV8:
-            stage_bytes = smem - _ROWS * D * 2 - 2 * self.TILE * 2
+        ring_elems = (smem - _ROWS * D * 2) // 2  # 16-bit elements (fp8: pairs of e4m3 bytes)
 
-            @cute.struct
-            class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
-                sKV: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, 2 * self.TILE], 1024]  # K's, V's tile
-                sStage: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, stage_bytes], 1024]  # e4m3 ring
-        else:
-            ring_elems = (smem - _ROWS * D * 2) // 2
-
-            @cute.struct
-            class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
-                sKV: cute.struct.Align[cute.struct.MemRange[dtype, ring_elems], 1024]
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, _ROWS * D], 1024]
+            sKV: cute.struct.Align[cute.struct.MemRange[self.MMA_DTYPE, ring_elems], 1024]
 
         self.smem_size = SharedStorage.size_in_bytes()
         if self.smem_size != smem:
@@ -227,12 +223,11 @@ class SdpaDecode:
     # created inside a loop body would escape it. Bodies read ctx attributes only.
 
     @cute.jit
-    def copy_row(self, g2s, thr, base, off, dst):
-        """cp.async this thread's chunks of one (., D) row at base + off into dst (CPY, D/64): the
-        source is a row-stride-0 (16, D) view, so the thread's row coordinate drops out. off: elements of
-        base (16-bit, or fp8 bytes), a multiple of 16 bytes."""
-        src = cute.make_tensor(base + cute.assume(off, divby=16 // (base.dtype.width // 8)),
-                               cute.make_layout((16, self.D), stride=(0, 1)))
+    def copy_row(self, g2s, thr, base, off, dst, cols: cutlass.Constexpr):
+        """cp.async this thread's chunks of one (., cols) row of 16-bit elements at base + off into dst
+        (CPY, cols/64): the source is a row-stride-0 (16, cols) view, so the thread's row coordinate drops
+        out."""
+        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, cols), stride=(0, 1)))
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
@@ -256,12 +251,9 @@ class SdpaDecode:
             g2s = ctx.g2s_kv
             thr = g2s.get_slice(tid)
             ring_off = cute.assume(slot * self.TILE, divby=512)
-            if cutlass.const_expr(self.KV8):  # an e4m3 tile of the ring, row-major
-                sT = cute.make_tensor(ctx.stage_ptr + ring_off, ctx.stage_layout)
-            else:
-                sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
-            tXs = thr.partition_D(sT)  # (CPY, BN/16, D/64), fp8 (CPY, BN/16, D/(8*CW))
-            base = ctx.v if cutlass.const_expr(is_v) else ctx.k
+            sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
+            tXs = thr.partition_D(sT)  # (CPY, BN/16, KV_COLS/64)
+            base = ctx.v if cutlass.const_expr(is_v) else ctx.k  # (fp8: as 16-bit pairs, offsets halved)
             s_page = ctx.v_stride_page if cutlass.const_expr(is_v) else ctx.k_stride_page
             s_tok = ctx.v_stride_token if cutlass.const_expr(is_v) else ctx.k_stride_token
             s_head = ctx.v_stride_head if cutlass.const_expr(is_v) else ctx.k_stride_head
@@ -277,38 +269,20 @@ class SdpaDecode:
                         off = Int64(pg) * s_page + Int64(tok & (self.page - 1)) * s_tok + fixed
                     else:
                         off = Int64(tok) * s_tok + fixed
-                    self.copy_row(g2s, thr, base, off, tXs[None, j, None])
+                    if cutlass.const_expr(self.KV8):
+                        off = off >> Int64(1)  # bytes -> 16-bit pairs (strides are multiples of 16 bytes)
+                    self.copy_row(g2s, thr, base, off, tXs[None, j, None], self.KV_COLS)
                 else:
                     tXs[None, j, None].fill(0)
-
-    @cute.jit
-    def convert(self, ctx, tid, t):
-        """fp8 KV: this thread's chunks of e4m3 tile t (its own cp.async copies, landed: no barrier needed)
-        into the 16-bit tile t % 2 (K's or V's) the step's MMAs read after the barrier. Tile t - 2 last
-        used that buffer, and every warp finished with it before the previous step's barrier."""
-        thr = ctx.g2s_kv.get_slice(tid)
-        src = thr.partition_D(cute.make_tensor(
-            ctx.stage_ptr + cute.assume((t % self.SLOTS) * self.TILE, divby=512), ctx.stage_layout))
-        dst = ctx.cvt_s.get_slice(tid).partition_D(cute.make_tensor(
-            ctx.ring_ptr + cute.assume((t % 2) * self.TILE, divby=512), ctx.tile_layout))
-        words = cute.make_rmem_tensor((self.CW // 4,), Int32)
-        out = cute.make_rmem_tensor((self.CW // 2,), Int32)
-        for j in cutlass.range_constexpr(self.ROW_ITERS):
-            for c in cutlass.range_constexpr(cute.size(src.shape[2])):
-                cute.autovec_copy(src[None, j, c], cute.recast_tensor(words, cutlass.Uint8))
-                for w in cutlass.range_constexpr(self.CW // 4):
-                    lo, hi = e4m3x4_to_f16x2x2(words[w])
-                    out[2 * w] = lo
-                    out[2 * w + 1] = hi
-                cute.autovec_copy(cute.recast_tensor(out, cutlass.Float16), dst[None, j, c])
 
     @cute.jit
     def q_to_f16(self, ctx, tid):
         """fp8 KV: rewrite the Q tile in smem as fp16 times 2^-s, s = floor(log2(max |q|)) - 13 over the CTA's
         rows (the largest scaled |q| in [2^13, 2^14): fp16 holds every bf16 query to its full precision but for
         values 2^27 below the largest); returns 2^s, which the softmax scale takes. Each thread rewrites the Q
-        chunks it copied (landed: the caller waited for tile 0's group, which Q joins); the block-wide max
-        goes through V's 16-bit tile, unused until the first V step."""
+        chunks it copied (landed: the caller waited for tile 0's group, which Q joins), each value at column
+        fp8_column(d) of its 16 (the order in which fp8_k_fragments hands the MMA K's bytes); the block-wide
+        max goes through the ring's last slot, which step 0 fills only after two more barriers."""
         thr = ctx.g2s.get_slice(tid)
         src = thr.partition_D(cute.make_tensor(ctx.sQ_ptr, ctx.q_layout))[None, 0, None]
         x = cute.make_rmem_tensor(src.shape, self.dtype)
@@ -320,7 +294,7 @@ class SdpaDecode:
             m = cute.arch.fmax(m, cute.arch.fmax(xf[i], -xf[i]))
         for off in (16, 8, 4, 2, 1):
             m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=off, mask=-1, mask_and_clamp=31))
-        red = cute.recast_ptr(ctx.ring_ptr + self.TILE, dtype=Float32)
+        red = cute.recast_ptr(ctx.ring_ptr + (self.SLOTS - 1) * self.TILE, dtype=Float32)
         if tid & 31 == 0:
             red[tid >> 5] = m
         cute.arch.barrier()
@@ -330,7 +304,12 @@ class SdpaDecode:
         xf.store(xf.load() * pow2(-e))
         h = cute.make_rmem_tensor(src.shape, cutlass.Float16)
         h.store(xf.load().to(cutlass.Float16))
-        cute.autovec_copy(h, thr.partition_D(cute.make_tensor(ctx.sQ_mma, ctx.q_layout))[None, 0, None])
+        cute.arch.barrier()  # every thread has read its Q (and the maxima) before any is rewritten
+        coords = thr.partition_D(cute.make_identity_tensor((_ROWS, self.D)))[None, 0, None]
+        sQ16 = cute.make_tensor(ctx.sQ_mma, ctx.q_layout)
+        for i in cutlass.range_constexpr(cute.size(h)):
+            r, d = coords[i]
+            sQ16[r, (d & ~15) | fp8_column(d & 15)] = h[i]
         return pow2(e)
 
     @cute.jit
@@ -355,7 +334,7 @@ class SdpaDecode:
         if rr < ctx.n_rows:
             i = rr // ctx.group
             h = ctx.kvh * ctx.group + (rr - i * ctx.group)
-            self.copy_row(g2s, thr, q, self.q_offset(ctx, i, h), tQs[None, 0, None])
+            self.copy_row(g2s, thr, q, self.q_offset(ctx, i, h), tQs[None, 0, None], self.D)
         else:
             tQs[None, 0, None].fill(0)
         if cutlass.const_expr(self.PAGED):
@@ -371,8 +350,6 @@ class SdpaDecode:
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n
         cute.arch.cp_async_wait_group(self.SLOTS - 2)
-        if cutlass.const_expr(self.KV8):
-            self.convert(ctx, tid, t)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + (SLOTS-1)//2, a V tile iff SLOTS is even
         self.issue(ctx, tid, t + (self.SLOTS - 1), n + (self.SLOTS - 1) // 2, self.SLOTS % 2 == 0)
@@ -381,9 +358,8 @@ class SdpaDecode:
         wn = tid >> 5
         zero = cute.assume(opaque_i32(Int32(0)), divby=512)
         sQ = cute.make_tensor(ctx.sQ_mma + zero, ctx.q_layout)
-        k_slot = 0 if cutlass.const_expr(self.KV8) else t % self.SLOTS  # fp8: K's 16-bit tile
-        k_off = cute.assume(k_slot * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
-        sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, D): this warp's keys
+        k_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, KV_COLS): this warp's keys
 
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
@@ -395,14 +371,28 @@ class SdpaDecode:
         tSrK_v = s2r_K.retile(tSrK)
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, self.KW)), Float32)
         acc_S.fill(0.0)
-        if cutlass.const_expr(self.KV8):  # Q's fragments stay in registers (loaded once, after q_to_f16)
+        if cutlass.const_expr(self.KV8):
+            # Q's fragments stay in registers (loaded once, after q_to_f16); K's e4m3 pairs come in by ldmatrix,
+            # a 32-byte slice of D at a time, each slice two k16 steps of fp16 fragments once converted
             tSrQ = ctx.rQ
+            tSrK16 = thr_mma.make_fragment_B(thr_mma.partition_B(  # the MMAs' fp16 K, D wide
+                cute.make_tensor(ctx.sQ_mma, cute.make_layout((self.KW, self.D)))))
+            loaded, real = fragment_words(tSrK), fragment_words(tSrK16)
+            n_t = cute.size(tSrK.shape[1])
             n_k = cute.size(tSsK.shape[2])
             cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
             for kk in cutlass.range_constexpr(n_k):
                 if cutlass.const_expr(kk + 1 < n_k):
                     cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
-                cute.gemm(mma, acc_S, tSrQ[None, None, kk], tSrK[None, None, kk], acc_S)
+                # word (v1, n-tile, k-step) = v1 + 2 n + 4 k (aotc.kernels.fp8): a 32-byte slice kk of the
+                # loaded pairs is the k16 steps 2kk (its v1 = 0 words) and 2kk + 1 (v1 = 1) of the MMA's K
+                for nt in cutlass.range_constexpr(n_t):
+                    for j in cutlass.range_constexpr(2):
+                        lo, hi = e4m3x4_to_f16x2x2(loaded[j + 2 * nt + 2 * n_t * kk])
+                        real[2 * nt + 2 * n_t * (2 * kk + j)] = lo
+                        real[1 + 2 * nt + 2 * n_t * (2 * kk + j)] = hi
+                for j in cutlass.range_constexpr(2):
+                    cute.gemm(mma, acc_S, tSrQ[None, None, 2 * kk + j], tSrK16[None, None, 2 * kk + j], acc_S)
         else:
             tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
             tSrQ_v = s2r_Q.retile(tSrQ)
@@ -452,22 +442,29 @@ class SdpaDecode:
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
         t = 2 * n + 1
         cute.arch.cp_async_wait_group(self.SLOTS - 2)
-        if cutlass.const_expr(self.KV8):
-            self.convert(ctx, tid, t)
         cute.arch.barrier()
         # tile t + SLOTS - 1: block n + SLOTS//2, a V tile iff SLOTS is odd
         self.issue(ctx, tid, t + (self.SLOTS - 1), n + self.SLOTS // 2, self.SLOTS % 2 == 1)
 
         lane = tid & 31
         wn = tid >> 5
-        v_slot = 1 if cutlass.const_expr(self.KV8) else t % self.SLOTS  # fp8: V's 16-bit tile
-        v_off = cute.assume(v_slot * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
-        sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, D): this warp's keys
+        v_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, KV_COLS): this warp's keys
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
         s2r_V = ctx.s2r_V.get_slice(lane)
         tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
         n_kk = cute.size(tOrP.shape[2])
+        if cutlass.const_expr(self.KV8):
+            self.fp8_pv(ctx, thr_mma, s2r_V, sV, tOrP, n_kk)
+        else:
+            self.pv(ctx, thr_mma, s2r_V, sV, tOrP, n_kk)
+
+    @cute.jit
+    def pv(self, ctx, thr_mma, s2r_V, sV, tOrP, n_kk):
+        """O += P V over 16-bit V: ldmatrix.trans fragments, 64 columns of D at a time, the next step's
+        fragments loaded before this step's MMAs."""
+        mma = ctx.mma
         srcs = []
         frags = []
         views = []
@@ -488,6 +485,32 @@ class SdpaDecode:
                 cute.copy(s2r_V, srcs[h1][None, None, kk1], views[h1][None, None, kk1])
             acc = ctx.acc_O[h]
             cute.gemm(mma, acc, tOrP[None, None, kk], frags[h][None, None, kk], acc)
+
+    @cute.jit
+    def fp8_pv(self, ctx, thr_mma, s2r_V, sV, tOrP, n_kk):
+        """O += P V over e4m3 V seen as 16-bit pairs: ldmatrix.trans brings (key, 2 d's) pairs of the whole
+        (KW, KV_COLS) tile at once (a view at a column offset inside a swizzle atom, not a multiple of 512
+        elements, would read other rows: smem_tile_layout), and each word becomes the B words of two n-tiles
+        (aotc.kernels.fp8): O's n-tile t of 64-column chunk h holds d = 64h + 16 (t // 2) + 2 g + t % 2
+        (the epilogue puts them back in order)."""
+        mma = ctx.mma
+        sVt = cute.composition(sV, cute.make_layout((self.KV_COLS, self.KW), stride=(self.KW, 1)))  # (pairs, keys)
+        pairs = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))  # ((2, 2), KV_COLS / 8, KW / 16)
+        cute.copy(s2r_V, s2r_V.partition_S(sVt), s2r_V.retile(pairs))
+        loaded = fragment_words(pairs)
+        n_all = cute.size(pairs.shape[1])   # n-tiles of 8 pairs in the tile
+        n_u = n_all // self.N_CHUNKS        # of them per 64 columns of D
+        for h in cutlass.range_constexpr(self.N_CHUNKS):
+            frag = thr_mma.make_fragment_B(thr_mma.partition_B(  # the MMAs' fp16 V^T, 64 d wide
+                cute.make_tensor(ctx.sQ_mma, cute.make_layout((ATOM_COLS, self.KW)))))
+            real = fragment_words(frag)
+            for kk in cutlass.range_constexpr(n_kk):
+                for u in cutlass.range_constexpr(n_u):
+                    for v1 in cutlass.range_constexpr(2):
+                        even, odd = e4m3_columns_to_f16x2x2(loaded[v1 + 2 * (h * n_u + u) + 2 * n_all * kk])
+                        real[v1 + 2 * (2 * u) + 4 * n_u * kk] = even
+                        real[v1 + 2 * (2 * u + 1) + 4 * n_u * kk] = odd
+                cute.gemm(mma, ctx.acc_O[h], tOrP[None, None, kk], frag[None, None, kk], ctx.acc_O[h])
 
     @cute.jit
     def epilogue(self, ctx):
@@ -515,7 +538,13 @@ class SdpaDecode:
         for h in cutlass.range_constexpr(self.N_CHUNKS):
             sAcc = cute.make_tensor(acc_base + h * ATOM_COLS,
                                     cute.make_layout((_ROWS, ATOM_COLS), stride=(self.ACC_LD, 1)))
-            cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
+            if cutlass.const_expr(self.KV8):  # O's columns in the fp8 order (fp8_pv), back in order of d
+                coords = thr_mma.partition_C(cute.make_identity_tensor((_ROWS, ATOM_COLS)))
+                for i in cutlass.range_constexpr(cute.size(coords)):
+                    r, c = coords[i]
+                    sAcc[r, ((c >> 4) << 4) + ((c & 7) << 1) + ((c >> 3) & 1)] = ctx.acc_O[h][i]
+            else:
+                cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
         cute.arch.barrier()
 
         scale_log2 = ctx.scale_log2
@@ -766,7 +795,10 @@ class SdpaDecode:
         ldsm, ldsm_t = ldmatrix_atoms(self.MMA_DTYPE)
         sQ_ptr = storage.sQ.data_ptr()
         ring_ptr = storage.sKV.data_ptr()
-        tile_layout = smem_tile_layout(self.BN, self.D)
+        tile_layout = smem_tile_layout(self.BN, self.KV_COLS)
+        if cutlass.const_expr(self.KV8):  # e4m3 pools read as 16-bit pairs (offsets halved in load_tile)
+            k = cute.recast_ptr(k, dtype=cutlass.Float16)
+            v = cute.recast_ptr(v, dtype=cutlass.Float16)
         ctx = SimpleNamespace(
             tidx=tidx, chunk=chunk, bidx=bidx, kvh=kvh, row_tile=row_tile, q_row0=q_row0,
             group=group, n_rows=n_rows, s_q=seqlen_q, lo=lo, hi=hi, n_blocks=n_blocks,
@@ -790,9 +822,9 @@ class SdpaDecode:
             q_layout=smem_tile_layout(_ROWS, self.D),
             tile_layout=tile_layout,
             # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
-            warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (self.KW, self.D), (0, 0)).layout,
+            warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (self.KW, self.KV_COLS), (0, 0)).layout,
             g2s=make_g2s(self.dtype, _THREADS),
-            g2s_kv=make_g2s_fp8(self.CW, _THREADS) if cutlass.const_expr(self.KV8) else make_g2s(self.dtype, _THREADS),
+            g2s_kv=make_g2s(self.MMA_DTYPE, _THREADS),
             mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
@@ -800,9 +832,6 @@ class SdpaDecode:
         )
         ctx.v_scale = Float32(1.0)
         if cutlass.const_expr(self.KV8):
-            ctx.stage_ptr = storage.sStage.data_ptr()
-            ctx.stage_layout = cute.make_layout((self.BN, self.D), stride=(self.D, 1))
-            ctx.cvt_s = make_s2s_rows(cutlass.Float16, self.CW, _THREADS)
             # the KV head's scales: attention over k_fp8 * k_scale and v_fp8 * v_scale
             softmax_scale = softmax_scale * k_descale[Int64(kvh) * Int64(descale_stride_h)]
             ctx.v_scale = v_descale[Int64(kvh) * Int64(descale_stride_h)]

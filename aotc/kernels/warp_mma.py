@@ -74,24 +74,6 @@ def make_g2s(dtype, threads: int):
         atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, VEC)))
 
 
-def make_g2s_fp8(row_bytes: int, threads: int):
-    """cp.async of 1-byte elements (fp8 KV): 8 threads along a row, row_bytes (8 or 16) each per 128-byte
-    pass, threads/8 rows per pass, the row mapping of make_g2s (a thread's rows are the same)."""
-    # (cp.async.cg, L2 only, copies 16 bytes; 8-byte copies are cp.async.ca)
-    mode = cpasync.LoadCacheMode.GLOBAL if row_bytes == 16 else cpasync.LoadCacheMode.ALWAYS
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), cutlass.Uint8, num_bits_per_copy=row_bytes * 8)
-    return cute.make_tiled_copy_tv(atom, cute.make_layout((threads // 8, 8), stride=(8, 1)),
-                                   cute.make_layout((1, row_bytes)))
-
-
-def make_s2s_rows(dtype, row_elems: int, threads: int):
-    """A thread's row_elems 16-bit elements of a row, in make_g2s_fp8's arrangement (the 16-bit tile a
-    thread writes from the fp8 bytes it copied), 128-bit stores."""
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=min(128, row_elems * 16))
-    return cute.make_tiled_copy_tv(atom, cute.make_layout((threads // 8, 8), stride=(8, 1)),
-                                   cute.make_layout((1, row_elems)))
-
-
 def make_s2g(dtype, threads: int):
     """128-bit smem -> rmem -> gmem copy (of O), the thread arrangement of make_g2s."""
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128)
