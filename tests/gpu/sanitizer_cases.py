@@ -239,8 +239,9 @@ def feature_cases(picks=None):
 
 
 def fp8_cases():
-    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (the ring's e4m3 tiles converted into the 16-bit K/V
-    tiles between barriers: racecheck's case) with the lengths of decode_cases, and the quantizing KV write."""
+    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (the ring's e4m3 tiles read by ldmatrix and converted
+    in registers; Q rewritten in smem in K's fragment order between barriers: racecheck's case) with the
+    lengths of decode_cases, and the quantizing KV write."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
                        if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == "dense"

@@ -33,10 +33,14 @@ E4M3_MAX = 448.0
 POISON = 0x7F
 
 
-def fp8_decode_variants(rt, layout="dense"):
+def fp8_decode_variants(rt, layout="dense", paged=True):
+    """(dtype, head_dim, kv) of the bundle's plain fp8 decode kernels over paged pools (paged=False: dense KV)."""
     vs = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
                  if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == layout
+                 and (k.variant["kv"] != "dense") == paged
                  and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
+    if not paged and not vs:
+        pytest.skip("no dense-KV fp8 decode kernel in this bundle (specs/full.toml builds them)")
     assert vs, "the default bundle has no fp8 sdpa_decode kernels"
     return vs
 
@@ -112,9 +116,7 @@ LENGTHS = [0, 1, 15, 16, 17, 1000, 32768]
 def test_fp8_decode_against_the_dequantized_cache(rt, layout, S_q, per_head):
     gen = torch.Generator(device="cuda").manual_seed(S_q + 2 * (layout == "HND") + 4 * per_head)
     for dtype, D, kv in fp8_decode_variants(rt):
-        page = int(kv[len("paged"):]) if kv != "dense" else 0
-        if not page:
-            continue
+        page = int(kv[len("paged"):])
         cache = Fp8Cache(LENGTHS, page, 8, D, layout, gen, per_head=per_head)
         q = torch.randn(len(LENGTHS), S_q, 32, D, dtype=DT[dtype], device="cuda", generator=gen)
         out = torch.empty_like(q)
@@ -124,6 +126,39 @@ def test_fp8_decode_against_the_dequantized_cache(rt, layout, S_q, per_head):
                   k_descale=cache.k_scale, v_descale=cache.v_scale, stream=torch.cuda.current_stream())
         torch.cuda.synchronize()
         check_step(cache, q, out, lse, f"{dtype} D{D} {kv} {layout} S_q={S_q} per_head={per_head}")
+
+
+def test_fp8_decode_over_dense_kv(rt):
+    """Dense e4m3 caches [B, S_max, H_kv, D] (a padded token stride; rows past a sequence's length hold NaN
+    bytes, which no kernel may read), per-head scales, against fp64 over the dequantized cache."""
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    lengths = [0, 1, 17, 1000, 4100]
+    B, S_max, H_kv, H_q = len(lengths), max(lengths), 4, 16
+    for dtype, D, _ in fp8_decode_variants(rt, paged=False):
+        pools, scales = [], []
+        for _ in range(2):
+            x = torch.randn(B, S_max, H_kv, D + 16, dtype=torch.bfloat16, device="cuda", generator=gen)[..., :D]
+            scale = (x.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
+            storage = torch.empty(B, S_max, H_kv, D + 16, dtype=FP8, device="cuda")
+            storage.view(torch.uint8).fill_(POISON)
+            x8 = storage[..., :D]
+            x8.copy_(quantize(x, scale, 2))
+            for b, L in enumerate(lengths):
+                x8[b, L:].view(torch.uint8).fill_(POISON)
+            pools.append(x8)
+            scales.append(scale)
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        q = torch.randn(B, 1, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out, lse = torch.full_like(q, math.nan), torch.full((B, H_q, 1), math.nan, device="cuda")
+        rt.decode(q, pools[0], pools[1], out, seqlens, None, lse, k_descale=scales[0], v_descale=scales[1],
+                  stream=torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        for b, L in enumerate(lengths):
+            k, v = (p[b, :L].double() * s.double().view(1, -1, 1)
+                    for p, s in zip(pools, scales))
+            ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
+            check_close(out[b], ro, TOL[dtype], f"O {dtype} D{D} dense b={b} L={L}")
+            check_close(lse[b], rl, LSE_TOL, f"LSE {dtype} D{D} dense b={b}")
 
 
 def test_fp8_decode_one_chunk_and_many(rt):
