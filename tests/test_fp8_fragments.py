@@ -16,11 +16,12 @@ import cutlass.cute as cute  # noqa: E402
 from aotc.kernels.fp8 import fp8_column  # noqa: E402
 from aotc.kernels.warp_mma import make_warp_mma  # noqa: E402
 
-KW, D = 16, 128
+KW = 16
+HEAD_DIMS = (128, 256)  # the head dims with fp8 decode tiles (aotc.families.sdpa_decode)
 
 
-def coordinates():
-    """Per lane, the (row, col) of every element of the B fragments the kernel uses."""
+def coordinates(D):
+    """Per lane, the (row, col) of every element of the B fragments the kernel uses at head dim D."""
     out = {}
 
     @cute.jit
@@ -36,14 +37,15 @@ def coordinates():
     return out
 
 
-@pytest.fixture(scope="module")
-def coords():
-    return coordinates()
+@pytest.fixture(scope="module", params=HEAD_DIMS)
+def coords(request):
+    return {"D": request.param, **coordinates(request.param)}
 
 
 def test_fragments_are_the_layout_the_word_formulas_assume(coords):
-    assert coords["k_pairs_shape"] == "((2, 2), 2, 4)" and coords["k_shape"] == "((2, 2), 2, 8)"
-    assert coords["v_pairs_shape"] == "((2, 2), 8, 1)" and coords["v_shape"] == "((2, 2), 8, 1)"
+    D = coords["D"]
+    assert coords["k_pairs_shape"] == f"((2, 2), 2, {D // 32})" and coords["k_shape"] == f"((2, 2), 2, {D // 16})"
+    assert coords["v_pairs_shape"] == f"((2, 2), {D // 16}, 1)" and coords["v_shape"] == "((2, 2), 8, 1)"
     for name in ("k_pairs", "k", "v_pairs", "v"):
         for lane in range(32):
             c = coords[name][lane]
@@ -62,7 +64,7 @@ def test_k_words_give_the_mma_k_in_fp8_column_order(coords):
             (n, j0), (_, j1) = kp[lane][2 * w], kp[lane][2 * w + 1]
             loaded.append([(n, 2 * j0), (n, 2 * j0 + 1), (n, 2 * j1), (n, 2 * j1 + 1)])
         real = [None] * (len(kr[lane]) // 2)
-        for kk in range(4):  # the kernel's loop (k_step, KV8)
+        for kk in range(coords["D"] // 32):  # the kernel's loop (k_step, KV8)
             for nt in range(n_t):
                 for j in range(2):
                     x = loaded[j + 2 * nt + 2 * n_t * kk]
@@ -78,7 +80,8 @@ def test_k_words_give_the_mma_k_in_fp8_column_order(coords):
 def test_v_words_give_the_permuted_columns_the_epilogue_restores(coords):
     # the kernel loads the whole tile's pairs at once (fp8_pv) and converts 64 columns of D at a time
     vp, vr = coords["v_pairs"], coords["v"]
-    n_all, chunks = 8, D // 64
+    D = coords["D"]
+    n_all, chunks = D // 16, D // 64
     n_u = n_all // chunks
     for lane in range(32):
         loaded = []

@@ -82,8 +82,13 @@ def fp8_column(d):
 
 
 def fragment_words(frag):
-    """A register fragment's 32-bit words, flat (the fragment is compact: word w holds elements 2w, 2w+1)."""
+    """A register fragment's 32-bit words, flat: word w holds the elements of flat (column-major) coordinates
+    2w, 2w+1. Checked while tracing: the fragment's layout must be compact column-major (make_fragment_A/B
+    follow the smem strides, which for D256 put the k-steps out of order)."""
     import cutlass.cute as cute
 
+    for i in range(cute.size(frag)):
+        if cute.crd2idx(i, frag.layout) != i:
+            raise ValueError(f"fragment layout {frag.layout} is not compact column-major")
     flat = cute.make_tensor(frag.iterator, cute.make_layout(cute.size(frag)))
     return cute.recast_tensor(flat, Int32)

@@ -377,6 +377,10 @@ class SdpaDecode:
             tSrQ = ctx.rQ
             tSrK16 = thr_mma.make_fragment_B(thr_mma.partition_B(  # the MMAs' fp16 K, D wide
                 cute.make_tensor(ctx.sQ_mma, cute.make_layout((self.KW, self.D)))))
+            # the loaded pairs in a compact column-major fragment, so word w is (v1, n-tile, k-step) in order:
+            # make_fragment_B follows the smem strides (D256's two swizzle atoms made its k-steps 4, 8, 1, 2, ...)
+            tSrK = cute.make_rmem_tensor(tSrK.shape, self.MMA_DTYPE)
+            tSrK_v = s2r_K.retile(tSrK)
             loaded, real = fragment_words(tSrK), fragment_words(tSrK16)
             n_t = cute.size(tSrK.shape[1])
             n_k = cute.size(tSsK.shape[2])
@@ -495,7 +499,8 @@ class SdpaDecode:
         (the epilogue puts them back in order)."""
         mma = ctx.mma
         sVt = cute.composition(sV, cute.make_layout((self.KV_COLS, self.KW), stride=(self.KW, 1)))  # (pairs, keys)
-        pairs = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))  # ((2, 2), KV_COLS / 8, KW / 16)
+        # ((2, 2), KV_COLS / 8, KW / 16), compact column-major (as K's loaded pairs in k_step)
+        pairs = cute.make_rmem_tensor(thr_mma.make_fragment_B(thr_mma.partition_B(sVt)).shape, self.MMA_DTYPE)
         cute.copy(s2r_V, s2r_V.partition_S(sVt), s2r_V.retile(pairs))
         loaded = fragment_words(pairs)
         n_all = cute.size(pairs.shape[1])   # n-tiles of 8 pairs in the tile
