@@ -2,6 +2,7 @@
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tests/gpu/sanitizer_cases.py all
     ... --tool racecheck python3 tests/gpu/sanitizer_cases.py one
+    ... python3 tests/gpu/sanitizer_cases.py fp8      # every fp8 KV kernel of AOTC_TEST_BUNDLE
     ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged,
                                                       # D128 at its widest kv tile (block_n 176), and
                                                       # two paged layouts (Runtime.attention)
@@ -246,7 +247,7 @@ def fp8_cases():
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
                        if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == "dense"
                        and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
-    for dtype, D, kv in variants if mode == "all" else variants[:1]:
+    for dtype, D, kv in variants if mode in ("all", "fp8") else variants[:1]:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         lengths = [1, 15, 16, 17, 0, 130, 4096]
         B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
@@ -255,10 +256,14 @@ def fp8_cases():
         out = torch.empty_like(q)
         lse = torch.empty(B, H_q, S_q, device="cuda")
         sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        page = int(kv[len("paged"):])
-        n = -(-max_len // page)
-        k = torch.randn(B * n, page, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
-        pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+        if kv == "dense":  # [B, max_len, H_kv, D], no page table
+            k = torch.randn(B, max_len, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
+            pt = None
+        else:
+            page = int(kv[len("paged"):])
+            n = -(-max_len // page)
+            k = torch.randn(B * n, page, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
+            pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
         scale = torch.full((H_kv,), 0.05, device="cuda")
         for chunks in (1, 5, None):
             ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, chunks or 264)), dtype=torch.uint8,
@@ -281,7 +286,9 @@ def fp8_cases():
             launches += 1
 
 
-if mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
+if mode == "fp8":  # every fp8 KV kernel of the bundle (AOTC_TEST_BUNDLE: a bundle of every page size and head dim)
+    fp8_cases()
+elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"), picks=[(128, "dense", False)])

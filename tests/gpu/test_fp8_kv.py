@@ -188,7 +188,7 @@ def test_fp8_decode_cuda_graph_replay_with_new_lengths(rt):
         cache.lengths = lengths
         cache.seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
 
-    set_lengths([1, 40, 32000, 17])
+    set_lengths([1, 40, 1, 17])  # (within the page table: its rows hold the pages of `final` only)
     plan = rt.prepare_decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, max_seqlen_kv=max(final),
                              k_descale=cache.k_scale, v_descale=cache.v_scale)
     plan(q, out, lse, stream=torch.cuda.current_stream())
