@@ -23,7 +23,7 @@ def plot_prefill(pre: dict, out: Path) -> list[str]:
 
     made = []
     for D in sorted({r["D"] for r in pre["rows"]}):
-        rows = [r for r in pre["rows"] if r["D"] == D and r["dtype"] == "bf16"]
+        rows = [r for r in pre["rows"] if r["D"] == D and r["dtype"] == "bf16" and "case" not in r]
         if not rows:
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -32,6 +32,7 @@ def plot_prefill(pre: dict, out: Path) -> list[str]:
             xs = [r["S"] for r in sel]
             for key, label, style in (("aotc_tflops", "aotc (sdpa_prefill_sm90)", "o-"),
                                       ("portable_tflops", "aotc sdpa_prefill (portable)", "o:"),
+                                      ("fa3_tflops", "FlashAttention-3 (fa3-fwd)", "d-"),
                                       ("flash_tflops", "torch SDPA flash", "s--"),
                                       ("cudnn_tflops", "torch SDPA cuDNN", "^--")):
                 ys = [r.get(key, float("nan")) for r in sel]
@@ -207,16 +208,27 @@ def markdown(rtj, pre, build, cold, dec=None, breakdown=None, probe=None) -> str
                   "16k tokens (B = 16384 / S), H = 16, packed BSHD; every column measured in the same process, the "
                   "contenders taking turns in rotated order, each running 100 ms untimed first so the clocks settle on "
                   "its power draw (median of rounds; benchmarks/timing.py). *aotc* is what the runtime dispatches to on this GPU "
-                  "(sdpa_prefill_sm90), *portable* the mma.sync family sdpa_prefill on the same tensors.", "",
-                  "| D | dtype | S | B | causal | aotc TFLOP/s | portable TFLOP/s | flash TFLOP/s | cuDNN TFLOP/s | "
-                  "aotc x cuDNN | portable x flash |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(sdpa_prefill_sm90), *portable* the mma.sync family sdpa_prefill on the same tensors, *FA3* "
+                  "FlashAttention-3's flash_attn_func (fa3-fwd wheel, bf16 only); x = peer time / aotc time; "
+                  "*A/A*: the same bundle again as a contender (x_base).", "",
+                  "| D | dtype | S | B | causal | aotc TFLOP/s | portable TFLOP/s | FA3 TFLOP/s | flash TFLOP/s | "
+                  "cuDNN TFLOP/s | aotc x cuDNN | aotc x FA3 | A/A | portable x flash |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in pre["rows"]:
+            if "case" in r:
+                continue
             f = lambda k: f"{r[k]:.1f}" if k in r else "n/a"  # noqa: E731
             g = lambda k: f"{r[k]:.2f}" if k in r else "n/a"  # noqa: E731
             lines.append(f"| {r['D']} | {r['dtype']} | {r['S']} | {r['B']} | {r['causal']} | {f('aotc_tflops')} | "
-                         f"{f('portable_tflops')} | {f('flash_tflops')} | {f('cudnn_tflops')} | {g('x_cudnn')} | "
-                         f"{g('portable_x_flash')} |")
+                         f"{f('portable_tflops')} | {f('fa3_tflops')} | {f('flash_tflops')} | {f('cudnn_tflops')} | "
+                         f"{g('x_cudnn')} | {g('x_fa3')} | {g('x_base')} | {g('portable_x_flash')} |")
+        for r in pre["rows"]:
+            if "case" in r:
+                lines += ["", f"Ragged THD batch, {r['lengths']} tokens (bf16 D{r['D']}, H {r['H']}, causal): aotc "
+                          f"{r['aotc_ms']:.3f} ms ({r['aotc_tflops']:.0f} TFLOP/s), the same work as dense calls "
+                          f"{r['dense_ms']:.3f} ms (x_dense {r['x_dense']:.3f})"
+                          + (f", FA3 varlen {r['fa3_ms']:.3f} ms (x_fa3 {r['x_fa3']:.3f})" if "fa3_ms" in r else "")
+                          + "."]
         spec = [r for r in pre["rows"] if "packed_speedup" in r]
         if spec:
             lines += ["", "Portable family's stride specialization (same contiguous tensors, bf16 D128): packed variant "
