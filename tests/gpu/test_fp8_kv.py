@@ -21,6 +21,7 @@ import torch
 
 from aotc.common.errors import ArgumentError
 from common import check_close
+from feature_cases import combo_of, lse_tol, reference as feature_reference, settings, softcap_amplitude
 from paged_cases import PagedCache, decode_reference
 
 pytestmark = pytest.mark.gpu
@@ -159,6 +160,36 @@ def test_fp8_decode_over_dense_kv(rt):
             ro, rl = reference(q[b], k, v, 1.0 / math.sqrt(D))
             check_close(out[b], ro, TOL[dtype], f"O {dtype} D{D} dense b={b} L={L}")
             check_close(lse[b], rl, LSE_TOL, f"LSE {dtype} D{D} dense b={b}")
+
+
+def test_fp8_decode_with_score_features(rt):
+    """fp8 decode kernels built with a sliding window, soft-cap or sinks (specs/full.toml; the default bundle has
+    none), every feature value of feature_cases.settings, against fp64 attention with the features over the
+    dequantized cache; queries scaled so soft-capped scores reach several times the cap."""
+    found = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"], combo_of(k.variant))
+                    for k in rt.kernels.get("sdpa_decode", []) if k.variant.get("kv_dtype") == "fp8_e4m3"
+                    and k.variant["layout"] == "dense" and k.variant["kv"] != "dense" and combo_of(k.variant)},
+                   key=repr)
+    if not found:
+        pytest.skip("no fp8 decode kernel with score features in this bundle (specs/full.toml builds them)")
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    lengths = [0, 1, 130, 1000, 5000]
+    for dtype, D, kv, combo in found:
+        cache = Fp8Cache(lengths, int(kv[len("paged"):]), 8, D, "NHD", gen)
+        for feat in settings(combo):
+            amp = softcap_amplitude(feat.softcap, 1.0 / math.sqrt(D), D) ** 2  # (on q alone: k is the cache's)
+            q = (torch.randn(len(lengths), 2, 32, D, device="cuda", generator=gen) * amp).to(DT[dtype])
+            out, lse = torch.full_like(q, math.nan), torch.full((len(lengths), 32, 2), math.nan, device="cuda")
+            kw = feat.kwargs(32)
+            rt.decode(q, cache.k, cache.v, out, cache.seqlens, cache.page_table, lse, k_descale=cache.k_scale,
+                      v_descale=cache.v_scale, stream=torch.cuda.current_stream(), **kw)
+            torch.cuda.synchronize()
+            for b in range(len(lengths)):
+                k, v = cache.dense(b)
+                ro, rl = feature_reference(q[b], k, v, causal=True, scale=1.0 / math.sqrt(D), **kw)
+                what = f"{dtype} D{D} {kv} {feat} b={b} L={lengths[b]}"
+                check_close(out[b], ro, TOL[dtype], f"O {what}")
+                check_close(lse[b], rl, lse_tol(feat.softcap), f"LSE {what}")
 
 
 def test_fp8_decode_one_chunk_and_many(rt):
