@@ -113,7 +113,7 @@ def main() -> None:
             except Exception as e:
                 row[f"{bname}_error"] = f"{type(e).__name__}: {e}"
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            def call(backend=backend):
+            def call(backend=backend, qt=qt, kt=kt, vt=vt, causal=causal):
                 with sdpa_kernel(backend):
                     F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             try:
@@ -124,7 +124,7 @@ def main() -> None:
         if fa3 is not None and dtype == "bf16":
             try:
                 fa3.flash_attn_func(q, k, v, causal=causal)
-                contenders["fa3"] = lambda: fa3.flash_attn_func(q, k, v, causal=causal)
+                contenders["fa3"] = lambda q=q, k=k, v=v, causal=causal: fa3.flash_attn_func(q, k, v, causal=causal)
             except Exception as e:
                 row["fa3_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         # interleaved rounds in rotated order, each contender settled first (benchmarks/timing.py):

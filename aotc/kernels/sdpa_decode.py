@@ -375,8 +375,7 @@ class SdpaDecode:
             # Q's fragments stay in registers (loaded once, after q_to_f16); K's e4m3 pairs come in by ldmatrix,
             # a 32-byte slice of D at a time, each slice two k16 steps of fp16 fragments once converted
             tSrQ = ctx.rQ
-            tSrK16 = thr_mma.make_fragment_B(thr_mma.partition_B(  # the MMAs' fp16 K, D wide
-                cute.make_tensor(ctx.sQ_mma, cute.make_layout((self.KW, self.D)))))
+            tSrK16 = cute.make_rmem_tensor(thr_mma.partition_shape_B((self.KW, self.D)), self.MMA_DTYPE)  # fp16 K
             # the loaded pairs in a compact column-major fragment, so word w is (v1, n-tile, k-step) in order:
             # make_fragment_B follows the smem strides (D256's two swizzle atoms made its k-steps 4, 8, 1, 2, ...)
             tSrK = cute.make_rmem_tensor(tSrK.shape, self.MMA_DTYPE)
@@ -506,8 +505,7 @@ class SdpaDecode:
         n_all = cute.size(pairs.shape[1])   # n-tiles of 8 pairs in the tile
         n_u = n_all // self.N_CHUNKS        # of them per 64 columns of D
         for h in cutlass.range_constexpr(self.N_CHUNKS):
-            frag = thr_mma.make_fragment_B(thr_mma.partition_B(  # the MMAs' fp16 V^T, 64 d wide
-                cute.make_tensor(ctx.sQ_mma, cute.make_layout((ATOM_COLS, self.KW)))))
+            frag = cute.make_rmem_tensor(thr_mma.partition_shape_B((ATOM_COLS, self.KW)), self.MMA_DTYPE)  # V^T
             real = fragment_words(frag)
             for kk in cutlass.range_constexpr(n_kk):
                 for u in cutlass.range_constexpr(n_u):

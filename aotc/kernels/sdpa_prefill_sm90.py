@@ -225,7 +225,7 @@ class SdpaPrefillSm90:
         return valid, bidx, head, m_block, q_start, s_q
 
     @cute.jit
-    def ragged_rounds(self, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q, first_tile, n_ctas):
+    def ragged_rounds(self, lane, cu_seqlens_q, batch, heads_q, n_ctas):
         """(work items, rounds: two tiles an item) of a ragged (unpaged) batch, warp-wide."""
         n_items = self.ragged_tiles.count(cu_seqlens_q, batch, 1, heads_q, 0, lane)
         return n_items, 2 * ((n_items + (n_ctas - 1)) // n_ctas)
@@ -707,7 +707,7 @@ class SdpaPrefillSm90:
                 if warp_idx == 0:  # the work-item scan is warp-wide; one lane issues
                     g0 = Int32(0)
                     q_count = Int32(0)
-                    n_items, rounds = self.ragged_rounds(tidx % 32, *ragged_args)
+                    n_items, rounds = self.ragged_rounds(tidx % 32, cu_seqlens_q, batch, heads_q, n_ctas)
                     for i in cutlass.range(rounds, unroll=1):
                         valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(
                             i, tidx % 32, *ragged_args, n_items)
@@ -727,7 +727,7 @@ class SdpaPrefillSm90:
                         valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch,
                                                                pairs)
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
-                                                                  cu_seqlens_kv, self.ragged)
+                                                                  cu_seqlens_kv, False)
                         if valid != 0 and m_block * self.bm < s_q:
                             n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
                                                                 self.window, window_left)
@@ -834,7 +834,7 @@ class SdpaPrefillSm90:
                         q_count = q_count + 1
             else:
                 if cutlass.const_expr(self.ragged):
-                    n_items, rounds = self.ragged_rounds(ctx.lane, *ragged_args)
+                    n_items, rounds = self.ragged_rounds(ctx.lane, cu_seqlens_q, batch, heads_q, n_ctas)
                 for i in cutlass.range(rounds, unroll=1):
                     if cutlass.const_expr(self.ragged):
                         valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(

@@ -72,6 +72,27 @@ class PagedCache:
                         x[int(self.page_table[b, p]), L - p * self.page if p == L // self.page else 0:] = value
 
 
+def pools_after_write(pools, news, slots, layout):
+    """The pools' bits after a KV write, by torch: news[i] ([tokens, H_kv, D], in the bit dtype the pools are
+    viewed as: int16 for 16-bit pools, uint8 for e4m3) scattered into a copy of pools[i] at the int64 slots
+    (page * page_size + offset); slots outside the pools skip."""
+    page = pools[0].shape[1] if layout == "NHD" else pools[0].shape[2]
+    num_slots = pools[0].shape[0] * page
+    s = slots.long()
+    rows = torch.nonzero((s >= 0) & (s < num_slots)).flatten()
+    pg, off = s[rows] // page, s[rows] % page
+    want = []
+    for pool, new in zip(pools, news):
+        w = pool.clone().view(new.dtype)
+        src = new[rows]
+        if layout == "NHD":
+            w.index_put_((pg, off), src)
+        else:
+            w.index_put_((pg[:, None], torch.arange(w.shape[1], device=w.device)[None, :], off[:, None]), src)
+        want.append(w)
+    return want
+
+
 def decode_reference(q, k, v, scale, dtype=torch.float32):
     """Attention of q [S_q, H_q, D] over k/v [S_kv, H_kv, D] in `dtype` (fp32, or fp64), causal bottom-right
     (query i sees keys j <= S_kv - S_q + i): O [S_q, H_q, D], LSE [H_q, S_q] (a row with no key: -inf)."""

@@ -82,14 +82,24 @@ def prefill_cases(family, rt=rt, picks=None):
             launches += 1
 
 
-def decode_cases():
+def decode_cases(kv_dtype=None):
+    """Decode over the lengths below, dense KV and paged, unsplit, a few chunks and one wave of them.
+    kv_dtype fp8_e4m3: the plain fp8 decode kernels (the ring's e4m3 tiles read by ldmatrix and converted in
+    registers; Q rewritten in smem in K's fragment order between barriers: racecheck's case) over e4m3 pools
+    with per-head scales."""
     global launches
-    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"])
-                       for k in rt.kernels.get("sdpa_decode", [])})
-    if mode != "all":
+    fp8 = kv_dtype == "fp8_e4m3"
+    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
+                       if (k.variant.get("kv_dtype") == "fp8_e4m3") == fp8
+                       and (not fp8 or (k.variant["layout"] == "dense"
+                                        and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))))})
+    if fp8 and mode not in ("all", "fp8"):
+        variants = variants[:1]
+    elif not fp8 and mode != "all":
         variants = [v for v in variants if v[1] == 128 and v[2] == "paged16"][:1]
     for dtype, D, kv in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        kv_t = torch.float8_e4m3fn if fp8 else t
         lengths = [1, 15, 16, 17, 0, 130, 4096]  # length 1, page boundaries, empty, a tail, one split in chunks
         B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
         max_len = max(lengths)
@@ -98,17 +108,19 @@ def decode_cases():
         lse = torch.empty(B, H_q, S_q, device="cuda")
         sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         if kv == "dense":
-            k = torch.randn(B, max_len, H_kv, D, device="cuda", dtype=t)
+            k = torch.randn(B, max_len, H_kv, D, device="cuda", dtype=t).to(kv_t)
             pt = None
         else:
             page = int(kv[len("paged"):])
             n = -(-max_len // page)
-            k = torch.randn(B * n, page, H_kv, D, device="cuda", dtype=t)
+            k = torch.randn(B * n, page, H_kv, D, device="cuda", dtype=t).to(kv_t)
             pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
+        scale = torch.full((H_kv,), 0.05, device="cuda")
+        scales = {"k_descale": scale, "v_descale": scale} if fp8 else {}
         for chunks in (1, 5, None):  # none split, a few, one wave (short sequences: most chunks past the last)
             ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, chunks or 264)), dtype=torch.uint8,
                              device="cuda")
-            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, chunks=chunks, workspace=ws)
+            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, chunks=chunks, workspace=ws, **scales)
             launches += 1  # split sequences merge in the same launch
 
 
@@ -240,37 +252,9 @@ def feature_cases(picks=None):
 
 
 def fp8_cases():
-    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (the ring's e4m3 tiles read by ldmatrix and converted
-    in registers; Q rewritten in smem in K's fragment order between barriers: racecheck's case) with the
-    lengths of decode_cases, and the quantizing KV write."""
+    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (decode_cases) and the quantizing KV write."""
     global launches
-    variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["kv"]) for k in rt.kernels.get("sdpa_decode", [])
-                       if k.variant.get("kv_dtype") == "fp8_e4m3" and k.variant["layout"] == "dense"
-                       and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
-    for dtype, D, kv in variants if mode in ("all", "fp8") else variants[:1]:
-        t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-        lengths = [1, 15, 16, 17, 0, 130, 4096]
-        B, H_q, H_kv, S_q = len(lengths), 8, 2, 2
-        max_len = max(lengths)
-        q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
-        out = torch.empty_like(q)
-        lse = torch.empty(B, H_q, S_q, device="cuda")
-        sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        if kv == "dense":  # [B, max_len, H_kv, D], no page table
-            k = torch.randn(B, max_len, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
-            pt = None
-        else:
-            page = int(kv[len("paged"):])
-            n = -(-max_len // page)
-            k = torch.randn(B * n, page, H_kv, D, device="cuda").to(torch.float8_e4m3fn)
-            pt = torch.randperm(B * n, device="cuda", dtype=torch.int32).view(B, n)
-        scale = torch.full((H_kv,), 0.05, device="cuda")
-        for chunks in (1, 5, None):
-            ws = torch.empty(max(16, rt.decode_workspace_bytes(B, S_q, H_q, D, chunks or 264)), dtype=torch.uint8,
-                             device="cuda")
-            rt.decode(q, k, k, out, sl, pt, lse, max_seqlen_kv=max_len, chunks=chunks, workspace=ws,
-                      k_descale=scale, v_descale=scale)
-            launches += 1
+    decode_cases("fp8_e4m3")
     for dtype, D in sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("kv_write", [])
                             if k.variant.get("kv_dtype") == "fp8_e4m3"}):
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]

@@ -22,7 +22,7 @@ import torch
 from aotc.common.errors import ArgumentError
 from common import check_close
 from feature_cases import combo_of, lse_tol, reference as feature_reference, settings, softcap_amplitude
-from paged_cases import PagedCache, decode_reference
+from paged_cases import PagedCache, decode_reference, pools_after_write
 
 pytestmark = pytest.mark.gpu
 
@@ -281,21 +281,9 @@ def fp8_pools(num_pages, page, H, D, layout):
 
 
 def reference_write(key, value, pools, scales, slots, layout):
-    page = pools[0].shape[1] if layout == "NHD" else pools[0].shape[2]
-    num_slots = pools[0].shape[0] * page
-    s = slots.long()
-    rows = torch.nonzero((s >= 0) & (s < num_slots)).flatten()
-    pg, off = s[rows] // page, s[rows] % page
-    want = []
-    for pool, new, scale in zip(pools, (key, value), scales):
-        w = pool.clone().view(torch.uint8)
-        src = quantize(new[rows], scale, 1).view(torch.uint8)
-        if layout == "NHD":
-            w.index_put_((pg, off), src)
-        else:
-            w.index_put_((pg[:, None], torch.arange(w.shape[1], device="cuda")[None, :], off[:, None]), src)
-        want.append(w)
-    return want
+    """The pools' bytes after a quantizing write: e4m3 of x / scale at each slot in the pools (paged_cases)."""
+    news = [quantize(x, scale, 1).view(torch.uint8) for x, scale in zip((key, value), scales)]
+    return pools_after_write(pools, news, slots, layout)
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aotc.common.errors import ArgumentError
+from paged_cases import pools_after_write
 
 pytestmark = pytest.mark.gpu
 
@@ -52,21 +53,7 @@ def slot_mapping(tokens, num_slots, gen, bad_every=7):
 
 def reference(key, value, k_cache, v_cache, slots, layout):
     """The pools after the write, computed by torch on int16 views (bitwise); slots outside the pools skip."""
-    page = k_cache.shape[1] if layout == "NHD" else k_cache.shape[2]
-    num_slots = k_cache.shape[0] * page
-    s = slots.long()
-    rows = torch.nonzero((s >= 0) & (s < num_slots)).flatten()
-    pg, off = s[rows] // page, s[rows] % page
-    want = []
-    for pool, new in ((k_cache, key), (v_cache, value)):
-        w = pool.clone().view(torch.int16)
-        src = new.view(torch.int16)[rows]
-        if layout == "NHD":
-            w.index_put_((pg, off), src)
-        else:
-            w.index_put_((pg[:, None], torch.arange(w.shape[1], device="cuda")[None, :], off[:, None]), src)
-        want.append(w)
-    return want
+    return pools_after_write((k_cache, v_cache), (key.view(torch.int16), value.view(torch.int16)), slots, layout)
 
 
 def snapshot(k_cache, v_cache):
