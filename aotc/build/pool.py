@@ -34,7 +34,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from ..common import config
+from ..common import config, signals
 from ..common.errors import AotcError
 
 # How long a compile process stopped with SIGTERM may take to unwind before it is SIGKILLed: a compile
@@ -53,14 +53,14 @@ class _Stop(BaseException):
     """SIGTERM in a compile process; a BaseException, so no `except Exception` on the way swallows it."""
 
 
-def _raise_stop(signum, frame):
-    raise _Stop(signum)
-
-
 def _worker_main(read_fd: int, write_fd: int) -> None:
     """A compile process: run (fn, args, kwargs) messages one at a time until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
-    signal.signal(signal.SIGTERM, _raise_stop)
+    with signals.raise_on_signal(signal.SIGTERM, _Stop):
+        _serve(read_fd, write_fd)
+
+
+def _serve(read_fd: int, write_fd: int) -> None:
     inbox = Connection(read_fd, writable=False)
     outbox = Connection(write_fd, readable=False)
     try:

@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 
 import click
 
 from .. import __version__
+from ..common import signals
 from ..common.errors import EXIT_CODES, AotcError, CheckFailedError, SpecError, UsageError
 from . import output
 
@@ -159,24 +159,6 @@ class Terminated(BaseException):
     A BaseException, so no `except Exception` on the way takes it for a variant's failure."""
 
 
-@contextlib.contextmanager
-def _sigterm_unwinds():
-    """While the CLI runs: SIGTERM (a supervisor stopping `aotc build`) raises Terminated in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: let the cleanup finish
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _fail(kind: str, message: str, hint: str | None, exit_code: int, *, show: bool = True, command: str = "") -> int:
     """Report a failure on stderr (and as the JSON document's error when --json) and return its exit code."""
     if show:
@@ -193,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turning every way it can end into a message, a JSON error and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     output.reset()
-    with _sigterm_unwinds():
+    # SIGTERM (a supervisor stopping `aotc build`) raises Terminated in the main thread, once: the cleanup finishes
+    with signals.raise_on_signal(signal.SIGTERM, Terminated, once=True):
         try:
             cli.main(args=args, prog_name="aotc", standalone_mode=False)
             output.flush_stdout()
