@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,8 +75,11 @@ def test_a_sigkilled_compile_fails_only_its_variant(cache_dir, tiny_spec, tmp_pa
     variants = load_spec(tiny_spec).variants
     victim = variants[1]
     patch_compile_processes(monkeypatch, tmp_path, sigkill_when_compiling(victim.name))
-    r = run_aotc("build", str(tiny_spec), "-j", jobs, "--json")
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    r = run_aotc("build", str(tiny_spec), "-j", jobs, "--json", TMPDIR=str(tmpdir))
     assert r.returncode == 1, r.stderr
+    assert os.listdir(tmpdir) == []  # the killed process's dump directory went with its own temporary one
     report = json.loads(r.stdout)
     status = {v["name"]: v for v in report["variants"]}
     assert report["counts"] == {"hit": 0, "compiled": 3, "bypassed": 0, "failed": 1}
@@ -94,9 +98,13 @@ def test_a_sigkilled_compile_fails_only_its_variant(cache_dir, tiny_spec, tmp_pa
 def test_the_build_api_survives_a_dead_compile_process(cache_dir, tiny_spec, tmp_path, monkeypatch):
     variants = load_spec(tiny_spec).variants
     patch_compile_processes(monkeypatch, tmp_path, sigkill_when_compiling(variants[0].name))
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))  # where the pool makes its processes' directories
     report = build(variants, cache=Cache(), jobs=1)  # in this process: it must not die with the compile
     assert [r.status for r in report.results] == ["failed", "compiled", "compiled", "compiled"]
     assert "worker died: signal 9" in report.results[0].error
+    assert os.listdir(tmpdir) == []
 
 
 # ---- item 7: SIGTERM, Ctrl-C ----------------------------------------------------------------------
@@ -118,7 +126,9 @@ def _start_slow_build(tiny_spec, tmp_path, monkeypatch):
         time.sleep(0.05)
     pids = [int(n) for n in os.listdir(marks)]
     dump_dirs = [Path((marks / n).read_text()) for n in os.listdir(marks)]
-    assert all(d.is_dir() and d.parent == tmpdir for d in dump_dirs)
+    # each compile process's dump directory lies in a temporary directory the pool made for that process
+    assert all(d.is_dir() and d.parent.parent == tmpdir and d.parent.name.startswith("aotc-worker-")
+               for d in dump_dirs)
     return p, pids, tmpdir
 
 
@@ -133,7 +143,7 @@ def test_sigterm_stops_the_compile_processes_and_leaves_nothing(cache_dir, tiny_
     try:
         assert p.returncode == 143, err
         assert [pid for pid in pids if not gone(pid)] == []
-        assert sorted(os.listdir(tmpdir)) == [n for n in sorted(os.listdir(tmpdir)) if not n.startswith("aotc-compile-")]
+        assert os.listdir(tmpdir) == []
         assert "Traceback" not in err and "error: terminated (SIGTERM)" in err
         doc = json.loads(out)
         assert doc["error"] == {"kind": "terminated", "message": "terminated (SIGTERM)", "hint": None,
@@ -153,7 +163,7 @@ def test_ctrl_c_exits_130_without_compile_process_tracebacks(cache_dir, tiny_spe
         assert p.returncode == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err
         assert [pid for pid in pids if not gone(pid)] == []
-        assert not [n for n in os.listdir(tmpdir) if n.startswith("aotc-compile-")]
+        assert os.listdir(tmpdir) == []
         assert json.loads(out)["error"]["kind"] == "interrupted"
     finally:
         for pid in pids:

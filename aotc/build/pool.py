@@ -26,9 +26,11 @@ import os
 import pickle
 import queue
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -56,7 +58,9 @@ class _Stop(BaseException):
 def _worker_main(read_fd: int, write_fd: int) -> None:
     """A compile process: run (fn, args, kwargs) messages one at a time until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
-    with signals.raise_on_signal(signal.SIGTERM, _Stop):
+    # once: a process-group SIGTERM and the parent's own terminate() both reach it; the second must not
+    # interrupt the unwinding the first started
+    with signals.raise_on_signal(signal.SIGTERM, _Stop, once=True):
         _serve(read_fd, write_fd)
 
 
@@ -115,12 +119,19 @@ class _Worker:
     """One compile process and the two pipes to it (its stdout goes to our stderr: never into --json output)."""
 
     def __init__(self):
+        # its temporary files (the DSL's dump directories) go into a directory of ours, removed when it
+        # ends: a compile process that crashes or is killed mid-compile cannot remove its own
+        self.tmpdir = tempfile.mkdtemp(prefix="aotc-worker-")
         task_r, task_w = os.pipe()
         result_r, result_w = os.pipe()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _WORKER_CODE, _PACKAGE_ROOT, str(task_r), str(result_w)],
-                pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=_stderr_fd())
+                pass_fds=(task_r, result_w), stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
+                env={**os.environ, "TMPDIR": self.tmpdir})
+        except BaseException:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
         finally:
             os.close(task_r)
             os.close(result_w)
@@ -135,7 +146,7 @@ class _Worker:
         except (EOFError, OSError):  # BrokenPipeError: it was gone before the task was sent
             pass
         returncode = self.process.wait()
-        self._close_pipes()
+        self._release()
         raise WorkerDiedError(f"worker died: {describe_exit(returncode)} "
                               f"(compile process {self.process.pid}; a crash inside the DSL, or a kill)")
 
@@ -147,12 +158,14 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self._close_pipes()
+        self._release()
 
-    def _close_pipes(self) -> None:
+    def _release(self) -> None:
+        """After the process has ended: close the pipes, remove its temporary directory."""
         for conn in (self.tasks, self.results):
             with contextlib.suppress(OSError):
                 conn.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 def _stderr_fd() -> int:
