@@ -77,7 +77,9 @@ _WG = WARPGROUP  # threads per warpgroup
 # fewer than _PAIRS_MIN_TILES_PER_HEAD tiles of each head, else the longest-first snake. Against cuDNN,
 # pairs lifted D128 bf16 S4096 0.99 -> 1.10-1.15x and S8192 1.03-1.05 -> 1.08-1.11x, D256 S8192 0.99-1.03
 # -> 1.08x; D64 lost 5-9% with pairs at S 8192-16384
-# (benchmarks/results/prefill_experiment_causal_pairs_threshold.json).
+# (benchmarks/results/prefill_experiment_causal_pairs_threshold.json). Tiles handed out from a device counter,
+# longest first inside L2 sections (FA3's dynamic scheduler), measured no faster than the pairs: 0.99x, D256
+# S 8192 0.96x (prefill_experiment_dynamic_causal_tiles.json; the code is on branch dyn-causal).
 _PAIRS_WHENEVER_THEY_FILL_THE_GRID = {64: False, 128: True, 256: True}
 _PAIRS_MIN_TILES_PER_HEAD = 2
 
