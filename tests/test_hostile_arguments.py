@@ -752,7 +752,7 @@ def decode_capacity(case: Case) -> int:
     k, pt = case.t["k_cache"], case.t["page_table"]
     if pt is not None and len(pt.shape) == 2 and len(k.shape) > case.tok_ax:
         return pt.shape[1] * k.shape[case.tok_ax]
-    return k.shape[1] if pt is None and len(k.shape) > 1 else 0
+    return k.shape[case.tok_ax] if pt is None and len(k.shape) > case.tok_ax else 0
 
 
 def d_head_dim(case: Case):
@@ -958,13 +958,9 @@ def decode_cases(draw):
         H_q = H_kv * (INT32_MAX // (S_q * H_kv) + (value == "over"))
     elif what == "max_pages" and page:
         max_pages = value
-    if page:
-        tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
-        kv_shape = [r.int(1, 4), 0, 0, D]
-        kv_shape[tok_ax], kv_shape[head_ax] = page, H_kv
-    else:
-        tok_ax, head_ax = 1, 2
-        kv_shape = [B, r.int(0, 5), H_kv, D]
+    tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)  # dense too: [B, S, H_kv, D] or [B, H_kv, S, D]
+    kv_shape = [r.int(1, 4) if page else B, 0, 0, D]
+    kv_shape[tok_ax], kv_shape[head_ax] = page or r.int(0, 5), H_kv
     t: dict[str, T | None] = {
         "q": T((B, S_q, H_q, D), None, dtype), "out": T((B, S_q, H_q, D), None, dtype),
         "k_cache": T(kv_shape, None, dtype), "v_cache": T(kv_shape, None, dtype),
@@ -1032,14 +1028,13 @@ def decode_oracle(case: Case) -> list[set[str]]:
         if S_q * H_q > INT32_MAX:  # a sequence's rows, 32-bit in the kernel
             bad.append({"H_q"})
         if four["k_cache"] and four["v_cache"] and layout_ok:
+            tok, head = (1, 2) if case.kv_layout == "NHD" else (2, 1)
             if pt is None:
-                tok, head = 1, 2
                 if k.shape[0] != B:
                     bad.append({"k_cache", "q"})
-                if m_ok and m is not None and k.shape[1] < m:
+                if m_ok and m is not None and k.shape[tok] < m:
                     bad.append({"k_cache", "max_seqlen_kv"})
             else:
-                tok, head = (1, 2) if case.kv_layout == "NHD" else (2, 1)
                 page = k.shape[tok]
                 if k.shape[0] == 0:
                     bad.append({"k_cache"})

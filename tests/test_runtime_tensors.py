@@ -33,7 +33,8 @@ NP_DTYPES = {
 def _expect(arr: np.ndarray) -> TensorArg:
     size = arr.itemsize
     assert all(s % size == 0 for s in arr.strides)
-    return TensorArg(arr.ctypes.data, arr.shape, tuple(s // size for s in arr.strides), _name_of(arr.dtype), ("cpu", 0))
+    return TensorArg(arr.ctypes.data, arr.shape, tuple(s // size for s in arr.strides), _name_of(arr.dtype), ("cpu", 0),
+                     readonly=not arr.flags.writeable)  # numpy's DLPack 1.x export flags a read-only array
 
 
 def _name_of(dt) -> str:
@@ -153,6 +154,27 @@ def test_numpy_views(view):
     assert t == _expect(arr)
     lo, hi = np.lib.array_utils.byte_bounds(arr) if hasattr(np.lib, "array_utils") else np.byte_bounds(arr)
     assert t.nbytes_span() == (lo, hi)
+
+
+def test_a_read_only_export_is_refused_where_a_kernel_writes():
+    """A read-only numpy view (DLPack's READ_ONLY flag) and a __cuda_array_interface__ marked readonly are
+    read as inputs, and refused as outputs (as_output), naming the argument."""
+    from aotc.runtime.tensors import as_output
+
+    view = np.broadcast_to(np.zeros(8, dtype=np.float32), (5, 8))
+    assert as_tensor(view, "q").readonly
+    with pytest.raises(ArgumentError, match="argument 'out': got 'a read-only export', expected a writable tensor"):
+        as_output(view, "out")
+    assert not as_output(np.zeros((5, 8), dtype=np.float32), "out").readonly
+
+    class Cai:
+        def __init__(self, readonly):
+            self.__cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (1 << 20, readonly),
+                                             "version": 3}
+
+    assert not as_output(Cai(False), "lse").readonly
+    with pytest.raises(ArgumentError, match="argument 'lse'"):
+        as_output(Cai(True), "lse")
 
 
 def test_numpy_byte_offset_mid_buffer():

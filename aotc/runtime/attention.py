@@ -51,7 +51,7 @@ from .features import check_features, feature_scalars, missing_kernel
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .plan import Plan, cached_plan, torch_key
 from .prefill import LONG_KV, hopper_candidates
-from .tensors import TensorArg, as_stream, as_tensor
+from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
 FAMILY = "sdpa_prefill_sm90"
@@ -180,6 +180,10 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
         V.dim(x, name, 0, "B", batch, "cu_seqlens_q.shape[0] - 1")
     for axis in range(4):
         V.dim(v, "v_cache", axis, "dim", k.shape[axis], "the shape of k_cache")
+    for name, x in (("k_cache", k), ("v_cache", v)):
+        if batch > 1 and x.strides[0] < 0:  # sequence b's pages start at b * step: a page id below 0
+            raise ArgumentError(f"{name}.stride[0]", x.strides[0], "a batch stride of 0 or more (dense KV is read as "
+                                                                  "the pages of one pool; a flipped batch cannot be)")
     s_max = k.shape[tok_ax]
 
     def fits(p: int) -> bool:
@@ -269,10 +273,10 @@ class AttentionPlan(Plan):
         """workspace: the decode rows' split workspace (DecodePlan's: a caller's buffer; None: room in the
         device's arena, aotc.runtime.workspace)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
-             "out": as_tensor(out, "out")}
+             "out": as_output(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
         sl = as_tensor(seqlens_kv, "seqlens_kv")
-        ls = None if lse is None else as_tensor(lse, "lse")
+        ls = None if lse is None else as_output(lse, "lse")
         check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
         device = runtime.device()
         self.dense = None
@@ -348,12 +352,15 @@ class AttentionPlan(Plan):
         self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
         self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs()}
+        # the decode rows' split workspace: written by that kernel, so apart from every output and input
+        self._written = {"workspace": None if self.decode is None else self.decode.workspace}
         self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
         self._io = (q_, o_, ls)
         self._rows = {}
         self._total_q = d.total_q
         self._current = self._rows[d.total_q, lse_strides[0]] = _Rows(
-            self.descriptors[0], V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}), lse_strides[0])
+            self.descriptors[0], V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written),
+            lse_strides[0])
         self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
 
     def _rows_for(self, total_q: int, lse_stride_h: int) -> _Rows:
@@ -377,8 +384,8 @@ class AttentionPlan(Plan):
             V.no_self_overlap(ls, "lse")
         recipe = dataclasses.replace(self._q_recipe, dims=(*self._q_recipe.dims[:2], max(1, total_q)))
         recipe.check("q")
-        rows = _Rows(DescriptorSlot(recipe, q_.ptr), V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}),
-                     lse_stride_h)
+        rows = _Rows(DescriptorSlot(recipe, q_.ptr),
+                     V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written), lse_stride_h)
         if len(self._rows) >= self.MAX_ROW_COUNTS:
             self._rows.pop(next(iter(self._rows)))
         self._rows[total_q, lse_stride_h] = rows
@@ -440,7 +447,7 @@ class AttentionPlan(Plan):
 
     def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
         """One step on tensors laid out as the prepared ones (metadata: None keeps the prepared tensors)."""
-        recs = [as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse")]
+        recs = [as_tensor(q, "q"), as_output(out, "out"), None if lse is None else as_output(lse, "lse")]
         meta = [None if x is None else as_tensor(x, n) for x, n in
                 ((cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"))]
         got = _layout(*recs, *meta, rows_free=True)
@@ -514,13 +521,13 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
         if plan is not None:
             total_q = q.shape[0]
             if out.shape[0] != total_q or (lse is not None and lse.shape[1] != total_q):
-                _total_q(as_tensor(q, "q"), as_tensor(out, "out"), None if lse is None else as_tensor(lse, "lse"))
+                _total_q(as_tensor(q, "q"), as_output(out, "out"), None if lse is None else as_output(lse, "lse"))
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
                              0 if page_table is None else page_table.data_ptr(), s,
                              total_q, None if lse is None else lse.stride(0), max_seqlen_q)
             return
-    recs = [None if x is None else as_tensor(x, n) for x, n in
+    recs = [None if x is None else as_tensor(x, n, writable=n in ("out", "lse")) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
              (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"))]
     qr, outr, lsr, kr, vr, cur, slr, ptr_, snk = recs

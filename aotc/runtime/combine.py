@@ -17,7 +17,7 @@ from ..families.sdpa_combine import choose_split_groups
 from . import driver
 from . import validate as V
 from .plan import Plan, cached_plan
-from .tensors import TensorArg, as_stream, as_tensor
+from .tensors import TensorArg, as_output, as_stream, as_tensor
 
 FAMILY = "sdpa_combine"
 OUT_DTYPES = ("fp16", "bf16", "fp32")
@@ -27,8 +27,8 @@ class CombinePlan(Plan):
     family = FAMILY
 
     def __init__(self, runtime, o_partial, lse_partial, out, lse=None):
-        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
-        ls = None if lse is None else as_tensor(lse, "lse")
+        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_output(out, "out")
+        ls = None if lse is None else as_output(lse, "lse")
         device = runtime.device()
         self._check(runtime, op, lp, o, ls, device)
         splits, batch, seqlen_q, heads, head_dim = op.shape
@@ -37,6 +37,7 @@ class CombinePlan(Plan):
         kernel = runtime.select(FAMILY, device, ([{**wanted, "strides": "packed"}] if packed else [])
                                 + [{**wanted, "strides": "general"}])
         self.layout = layout_key(op, lp, o, ls)
+        self.layout_of = V.layouts_of({"o_partial": op, "lse_partial": lp, "out": o, "lse": ls})
         rows = batch * seqlen_q * heads
         slices = int(kernel.artifact.launch.extra["slices_per_cta"])  # the cubin's own mapping
         self.split_groups = choose_split_groups(slices, rows, driver.multiprocessor_count(device))
@@ -108,11 +109,13 @@ class CombinePlan(Plan):
 
     def __call__(self, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
         """Launch on tensors with the prepared shapes, strides and dtypes."""
-        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
-        ls = None if lse is None else as_tensor(lse, "lse")
+        op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_output(out, "out")
+        ls = None if lse is None else as_output(lse, "lse")
         if layout_key(op, lp, o, ls) != self.layout:
-            raise ArgumentError("tensors", layout_key(op, lp, o, ls),
-                                f"the layout the plan was prepared for: {self.layout}")
+            V.same_layouts({"o_partial": op, "lse_partial": lp, "out": o, "lse": ls}, self.layout_of)
+            aligned = self.layout[12]  # all else as prepared: out's alignment picked another variant
+            raise ArgumentError("out", hex(o.ptr), f"{'' if aligned else 'not '}aligned to {4 * o.itemsize} bytes, "
+                                                   "as the plan's out was (its kernel assumes it)")
         self.launch_records(op, lp, o, ls, as_stream(stream))
 
     def launch_records(self, op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None, stream: int) -> None:
@@ -131,8 +134,8 @@ def layout_key(op: TensorArg, lp: TensorArg, o: TensorArg, ls: TensorArg | None)
 
 def combine(runtime, o_partial, lse_partial, out, lse=None, *, stream=None) -> None:
     """One call: plans are cached by layout, so a repeated shape costs a lookup, not a validation."""
-    op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_tensor(out, "out")
-    ls = None if lse is None else as_tensor(lse, "lse")
+    op, lp, o = as_tensor(o_partial, "o_partial"), as_tensor(lse_partial, "lse_partial"), as_output(out, "out")
+    ls = None if lse is None else as_output(lse, "lse")
     key = (FAMILY, runtime.device(), layout_key(op, lp, o, ls))
     plan = cached_plan(runtime, key, lambda: CombinePlan(runtime, op, lp, o, ls))
     plan.launch_records(op, lp, o, ls, as_stream(stream))

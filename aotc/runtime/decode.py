@@ -9,7 +9,8 @@ Q/O [B, S_q, H_q, D] (S_q 1..16), any strides with the head dim contiguous. Page
 [num_pages, page_size, H_kv, D] or HND [num_pages, H_kv, page_size, D] (kv_layout), K and V may be
 separate pools with their own strides; page_table int32 [B, max_pages]; seqlens_kv int32 [B] on the
 device (length 0 gives O = 0, LSE = -inf; a length past the page-table row is cut there). Dense KV:
-K/V [B, S_kv_max, H_kv, D] and page_table=None.
+K/V [B, S_kv_max, H_kv, D] (NHD) or [B, H_kv, S_kv_max, D] (HND) and page_table=None; there
+seqlens_kv[b] <= S_kv_max is the caller's to keep (device data: no kernel parameter bounds it).
 
 The work partition (aotc.kernels.tile_scheduler.KvChunks) is derived by the kernel from the device-side
 lengths at every launch: the batch's kv blocks are cut into about `chunks` equal chunks per (KV head, row
@@ -25,8 +26,10 @@ passes one (aotc.runtime.workspace: one per device, never freed while the runtim
 cache evicts leaves no captured CUDA graph writing into freed memory; plans of one runtime then must not
 run at the same time on two streams). A caller's workspace has its counters zeroed when the plan is
 prepared (a synchronous memset: prepare outside CUDA-graph capture), and every step leaves them zero, so
-between steps nothing else may write it. Plans may share one buffer sized for the largest of them:
-partials start at the front and counters end at the back.
+between steps nothing else may write it. Plans may share one buffer of workspace_bytes() with each
+argument the largest among them: partials start at the front and counters end at the back, so the
+buffer must hold the largest partials and the largest counters together (the largest plan's own size
+is not enough: one plan's LSE partials then reached another's counters).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from .dlpack import torch_layouts
 from .features import check_features, feature_scalars, missing_kernel
 from .kv_scales import FP8, check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
-from .tensors import TensorArg, as_stream, as_tensor
+from .tensors import TensorArg, as_output, as_stream, as_tensor
 
 FAMILY = "sdpa_decode"
 DTYPES = ("fp16", "bf16")
@@ -70,7 +73,8 @@ def workspace_layout(batch: int, seqlen_q: int, heads_q: int, heads_kv: int, hea
     """Byte offsets in a 16-byte aligned workspace of `nbytes` (at least workspace_bytes(...)): O partials at
     0 ([chunk slot, S_q, H_q, D] fp32, chunks + batch slots), LSE partials after them ([chunk slot, H_q, S_q]),
     and n_counters int32 counters (one per sequence and CTA column: KV head, row tile) ending at the
-    buffer's last 16-byte boundary, clear of any other plan's partials in a buffer sized for the largest."""
+    buffer's last 16-byte boundary, clear of any other plan's partials in a buffer of workspace_bytes() of
+    every argument's largest value among the plans sharing it."""
     rows = seqlen_q * heads_q
     slots = chunks + batch
     n_counters = batch * decode_columns(heads_q, heads_kv, seqlen_q, rows_per_cta)
@@ -109,10 +113,10 @@ class DecodePlan(Plan):
         gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features.
         k_descale, v_descale: an fp8_e4m3 cache's scales (aotc.runtime.kv_scales)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
-             "out": as_tensor(out, "out")}
+             "out": as_output(out, "out")}
         sl = as_tensor(seqlens_kv, "seqlens_kv")
         pt = None if page_table is None else as_tensor(page_table, "page_table")
-        ls = None if lse is None else as_tensor(lse, "lse")
+        ls = None if lse is None else as_output(lse, "lse")
         cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
         device = runtime.device()
         d = check_decode(runtime, device, t, sl, pt, ls, max_seqlen_kv, kv_layout, cuq, decode_query_len)
@@ -182,16 +186,17 @@ class DecodePlan(Plan):
         self.ragged = cuq is not None
         self.bind(kernel, decode_grid(columns, chunks, d.batch) if d.batch else (0, 0, 0), device, values)
         self.layout = _layout(q_, o_, ls)
-        self.layout_of = {"seqlens_kv": (sl.shape, sl.strides, sl.dtype),
-                          "page_table": None if pt is None else (pt.shape, pt.strides, pt.dtype)}
+        self.layout_of = V.layouts_of({"q": q_, "out": o_, "lse": ls, "seqlens_kv": sl, "page_table": pt})
         self._slots = self.slots("q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         self._mq, self._mo, self._ml, self._msl, self._mpt, self._mcq = self.masks(
             "q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
         # and page table (new pointers a step may give; the prepared ones otherwise)
-        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, "workspace": ws, **feats.inputs(), **scales.inputs()},
+        self.workspace = ws  # what the kernel writes besides out and lse (None: no split)
+        self._spans = V.Spans({"k_cache": k_, "v_cache": v_, **feats.inputs(), **scales.inputs()},
                               {"out": o_, "lse": ls},
-                              {"q": q_, "seqlens_kv": sl, "page_table": pt, "cu_seqlens_q": cuq})
+                              {"q": q_, "seqlens_kv": sl, "page_table": pt, "cu_seqlens_q": cuq},
+                              written={"workspace": ws})
         self._sl_ptr, self._pt_ptr = sl.ptr, 0 if pt is None else pt.ptr
         self._cq_ptr = 0 if cuq is None else cuq.ptr
 
@@ -209,7 +214,7 @@ class DecodePlan(Plan):
             # held by the plan too: the buffer lives as long as the runtime or a plan launching into it
             self._arena_buffer = buf = runtime.workspaces.take(device, partials, counters)
             return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device))
-        ws = as_tensor(workspace, "workspace")
+        ws = as_output(workspace, "workspace")
         lo, hi = ws.nbytes_span()
         V.cuda_device({"workspace": ws}, device)
         if hi - lo < self.workspace_bytes or not V.is_packed(ws):
@@ -259,20 +264,18 @@ class DecodePlan(Plan):
             self._spans.check_pointers((out, lse), (q, self._sl_ptr, self._pt_ptr, self._cq_ptr))
             self.run(q, out, lse, 0, 0, as_stream(stream))
             return
-        q_, o_ = as_tensor(q, "q"), as_tensor(out, "out")
-        ls = None if lse is None else as_tensor(lse, "lse")
+        q_, o_ = as_tensor(q, "q"), as_output(out, "out")
+        ls = None if lse is None else as_output(lse, "lse")
         if _layout(q_, o_, ls) != self.layout:
-            raise ArgumentError("q/out/lse", _layout(q_, o_, ls), f"the layout the plan was prepared for: {self.layout}")
+            V.same_layouts({"q": q_, "out": o_, "lse": ls}, self.layout_of)
         sl_ptr = pt_ptr = 0
         if seqlens_kv is not None:
             sl = as_tensor(seqlens_kv, "seqlens_kv")
-            if (sl.shape, sl.strides, sl.dtype) != (self.layout_of["seqlens_kv"]):
-                raise ArgumentError("seqlens_kv", (sl.shape, sl.strides, sl.dtype), "the prepared shape and dtype")
+            V.same_layouts({"seqlens_kv": sl}, self.layout_of)
             sl_ptr = sl.ptr
         if page_table is not None:
             pt = as_tensor(page_table, "page_table")
-            if (pt.shape, pt.strides, pt.dtype) != (self.layout_of["page_table"]):
-                raise ArgumentError("page_table", (pt.shape, pt.strides, pt.dtype), "the prepared shape and dtype")
+            V.same_layouts({"page_table": pt}, self.layout_of)
             pt_ptr = pt.ptr
         self._torch_seen = seen
         self.checked_run(q_.ptr, o_.ptr, 0 if ls is None else ls.ptr, sl_ptr, pt_ptr, as_stream(stream))
@@ -288,7 +291,7 @@ class DecodePlan(Plan):
 
 def _layout(q: TensorArg, o: TensorArg, ls: TensorArg | None) -> tuple:
     return (q.shape, q.strides, q.dtype, q.device, o.shape, o.strides, o.dtype, o.device,
-            None if ls is None else (ls.shape, ls.strides, ls.device))
+            None if ls is None else (ls.shape, ls.strides, ls.dtype, ls.device))
 
 
 def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, pt: TensorArg | None,
@@ -320,13 +323,13 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
     if kv_layout not in ("NHD", "HND"):
         raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, page_size, D])")
     for name in ("k_cache", "v_cache"):
-        V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD), pages, H_kv, page_size, D (HND) or B, S, H_kv, D")
-    if pt is None:  # dense [B, S, H_kv, D]
+        V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD) or pages, H_kv, page_size, D (HND); dense: "
+                                 "B, S, H_kv, D (NHD) or B, H_kv, S, D (HND)")
+    tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
+    if pt is None:  # dense [B, S, H_kv, D] (NHD) or [B, H_kv, S, D] (HND)
         V.dim(k, "k_cache", 0, "B", batch, "from q")
-        tok_ax, head_ax = 1, 2
         page = 0
     else:
-        tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
         page = k.shape[tok_ax]
         if k.shape[0] == 0:
             raise ArgumentError("k_cache.shape[0]", 0, "at least one page (the page table's entries index the pool)")
@@ -355,8 +358,9 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
                                 f"at least ceil(max_seqlen_kv / page_size) = {-(-max_seqlen_kv // page)} pages")
         V.aligned(pt, "page_table", 4)
         tensors["page_table"] = pt
-    elif max_seqlen_kv is not None and k.shape[1] < max_seqlen_kv:
-        raise ArgumentError("k_cache.shape[1]", k.shape[1], f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
+    elif max_seqlen_kv is not None and k.shape[tok_ax] < max_seqlen_kv:
+        raise ArgumentError(f"k_cache.shape[{tok_ax}]", k.shape[tok_ax],
+                            f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
     if ls is not None:
         V.lse_output(ls, (("B", batch), ("H_q", heads_q), ("S_q", seqlen_q)) if cuq is None else
                      (("H_q", heads_q), ("total_q", q.shape[0])), "from q")
@@ -402,14 +406,15 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(), s)
             return
-    recs = [None if x is None else as_tensor(x, n) for x, n in
+    recs = [None if x is None else as_tensor(x, n, writable=n in ("out", "lse", "workspace")) for x, n in
             ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
              (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
     qr, kr, vr, outr, slr, ptr, lsr, wsr = recs
     extra = [None if x is None else as_tensor(x, n) for x, n in
              ((sinks, "sinks"), (k_descale, "k_descale"), (v_descale, "v_descale"))]
     snk, kds, vds = extra
-    key = (FAMILY, runtime.device(), kr.ptr, vr.ptr, None if wsr is None else (wsr.ptr, wsr.shape),
+    key = (FAMILY, runtime.device(), kr.ptr, vr.ptr,
+           None if wsr is None else (wsr.ptr, wsr.shape, wsr.strides, wsr.dtype, wsr.device),
            tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
            max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap),
            tuple(None if x is None else (x.ptr, x.shape, x.strides, x.dtype, x.device) for x in extra))

@@ -10,7 +10,9 @@ Lifetime: the returned :class:`TensorArg` does not own memory. The DLPack capsul
 left unconsumed, so dropping it runs the producer's deleter (which releases the
 export, not the tensor); the caller must keep the original tensor alive while the
 record is in use. Exports the producer marks as copies (DLPack >= 1.0
-``DLPACK_FLAG_BITMASK_IS_COPIED``) are refused for that reason.
+``DLPACK_FLAG_BITMASK_IS_COPIED``) are refused for that reason. Read-only exports (DLPack's
+``DLPACK_FLAG_BITMASK_READ_ONLY``, ``__cuda_array_interface__``'s ``data[1]``) are recorded as such,
+and refused where a kernel writes the tensor (``as_tensor(writable=True)``).
 
 Streams: CUDA producers are asked with ``stream=-1`` ("do not synchronize"), as in the
 DLPack spec; ordering against the producer's stream is the caller's job (pass the
@@ -52,6 +54,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 _kDLCPU, _kDLCUDA, _kDLCUDAManaged = 1, 2, 13
 _CUDA_LIKE = frozenset((_kDLCUDA, _kDLCUDAManaged))  # IntEnum members hash and compare as ints
+_FLAG_READ_ONLY = 1 << 0
 _FLAG_IS_COPIED = 1 << 1
 _V1 = (1, 0)
 _NAME_V = b"dltensor_versioned"
@@ -123,12 +126,12 @@ _HOST_CALLS = (lambda fn: fn(max_version=_V1), lambda fn: fn())
 # (producer type, is CUDA) -> (index of the call that worked, capsule name it gave).
 _conv: dict[tuple[type, bool], tuple[int, bytes]] = {}
 
-_slot_set = [TensorArg.__dict__[f].__set__ for f in ("ptr", "shape", "strides", "dtype", "device")]
-_set_ptr, _set_shape, _set_strides, _set_dtype, _set_device = _slot_set
+_slot_set = [TensorArg.__dict__[f].__set__ for f in ("ptr", "shape", "strides", "dtype", "device", "readonly")]
+_set_ptr, _set_shape, _set_strides, _set_dtype, _set_device, _set_readonly = _slot_set
 _new = object.__new__
 
 
-def _make(ptr: int, shape: tuple, strides: tuple, dtype: str, device: tuple) -> TensorArg:
+def _make(ptr: int, shape: tuple, strides: tuple, dtype: str, device: tuple, readonly: bool = False) -> TensorArg:
     """TensorArg without the frozen-dataclass __init__ (which costs ~2x): same result."""
     t = _new(TensorArg)
     _set_ptr(t, ptr)
@@ -136,6 +139,7 @@ def _make(ptr: int, shape: tuple, strides: tuple, dtype: str, device: tuple) -> 
     _set_strides(t, strides)
     _set_dtype(t, dtype)
     _set_device(t, device)
+    _set_readonly(t, readonly)
     return t
 
 
@@ -148,7 +152,9 @@ def _parse(cap: Any, base: int, versioned: bool, obj: Any, name: str) -> TensorA
             raise ArgumentError(name, _Opaque(obj), f"a DLPack 1.x export (got version {major}.{minor})")
         if flags & _FLAG_IS_COPIED:
             raise ArgumentError(name, _Opaque(obj), "a zero-copy DLPack export (the producer made a copy)")
+        readonly = bool(flags & _FLAG_READ_ONLY)
     else:
+        readonly = False
         data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p, byte_offset = _unpack_legacy(
             _at_legacy(base)
         )
@@ -171,7 +177,7 @@ def _parse(cap: Any, base: int, versioned: bool, obj: Any, name: str) -> TensorA
         device = ("cpu", 0)
     else:
         device = ("other", dev_type)
-    return _make(((data or 0) + byte_offset) & 0xFFFFFFFFFFFFFFFF, shape, strides, dtype, device)
+    return _make(((data or 0) + byte_offset) & 0xFFFFFFFFFFFFFFFF, shape, strides, dtype, device, readonly)
 
 
 def _dlpack_slow(obj: Any, fn: Any, name: str) -> TensorArg:
@@ -266,7 +272,7 @@ def _from_cai(obj: Any, cai: Any, name: str) -> TensorArg:
         if any(b % size for b in bstrides):
             raise ArgumentError(name, bstrides, f"byte strides that are multiples of the itemsize {size} of {dtype}")
         strides = tuple(b // size for b in bstrides)
-    return TensorArg(ptr, shape, strides, dtype, ("cuda", -1))
+    return TensorArg(ptr, shape, strides, dtype, ("cuda", -1), bool(data[1]))
 
 
 # --------------------------------------------------------------------------- as_tensor
@@ -325,12 +331,25 @@ def torch_layouts(*objs: Any) -> tuple | None:
     return tuple(out)
 
 
-def as_tensor(obj: Any, name: str) -> TensorArg:
+def as_tensor(obj: Any, name: str, *, writable: bool = False) -> TensorArg:
     """`obj` as a TensorArg: a TensorArg as is, else DLPack (preferred), else __cuda_array_interface__.
 
     Errors name the argument `name`: ArgumentTypeError for a non-tensor or an unsupported
-    dtype, ArgumentError for a tensor that cannot be exported or described.
+    dtype, ArgumentError for a tensor that cannot be exported or described, or (writable: a
+    kernel writes it) that its producer exported read-only.
     """
+    t = _as_tensor(obj, name)
+    if writable and t.readonly:
+        raise ArgumentError(name, "a read-only export", "a writable tensor (the kernel writes it)")
+    return t
+
+
+def as_output(obj: Any, name: str) -> TensorArg:
+    """as_tensor for a tensor a kernel writes: a read-only export is refused."""
+    return as_tensor(obj, name, writable=True)
+
+
+def _as_tensor(obj: Any, name: str) -> TensorArg:
     if type(obj) is TensorArg:
         return obj
     kind = _torch_types.get(type(obj))

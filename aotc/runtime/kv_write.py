@@ -37,7 +37,7 @@ from .dlpack import torch_layouts
 from .features import missing_kernel
 from .kv_scales import FP8, check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
-from .tensors import TensorArg, as_stream, as_tensor
+from .tensors import TensorArg, as_output, as_stream, as_tensor
 
 FAMILY = "kv_write"
 DTYPES = ("fp16", "bf16")
@@ -63,7 +63,7 @@ class KvWritePlan(Plan):
     def __init__(self, runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
                  k_scale=None, v_scale=None):
         t = {"key": as_tensor(key, "key"), "value": as_tensor(value, "value"),
-             "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
+             "k_cache": as_output(k_cache, "k_cache"), "v_cache": as_output(v_cache, "v_cache"),
              "slot_mapping": as_tensor(slot_mapping, "slot_mapping")}
         device = runtime.device()
         d = check_kv_write(runtime, device, t, kv_layout)
@@ -130,9 +130,10 @@ class KvWritePlan(Plan):
                                  value.shape[0], slot_mapping.shape[0], as_stream(stream))
                 return
         k_, v_, s_ = as_tensor(key, "key"), as_tensor(value, "value"), as_tensor(slot_mapping, "slot_mapping")
-        if io_layout(k_, v_, s_) != self.layout:
-            raise ArgumentError("key/value/slot_mapping", io_layout(k_, v_, s_),
-                                f"the layout the plan was prepared for: {self.layout}")
+        got = io_layout(k_, v_, s_)
+        if got != self.layout:
+            name, g, w = next((n, g, w) for n, g, w in zip(_IO_LAYOUT_FIELDS, got, self.layout) if g != w)
+            raise ArgumentError(name, g, f"{w}, as the plan was prepared")
         self._torch_seen = seen
         self.checked_run(k_.ptr, v_.ptr, s_.ptr, k_.shape[0], v_.shape[0], s_.shape[0], as_stream(stream))
 
@@ -163,6 +164,10 @@ def _row_span(t: TensorArg) -> tuple[int, int, int]:
     _, heads, dim = t.shape
     one = TensorArg(t.ptr, (1, heads, dim), t.strides, t.dtype, t.device).nbytes_span()
     return one[0] - t.ptr, one[1] - t.ptr, t.strides[0] * t.itemsize
+
+
+_IO_LAYOUT_FIELDS = ("key.shape[1:]", "key.strides", "key.dtype", "key.device", "value.shape[1:]", "value.strides",
+                     "value.dtype", "value.device", "slot_mapping.strides", "slot_mapping.dtype", "slot_mapping.device")
 
 
 def io_layout(key: TensorArg, value: TensorArg, slot_mapping: TensorArg) -> tuple:
@@ -257,8 +262,9 @@ def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="
             plan.checked_run(key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr(), key.shape[0], value.shape[0],
                              slot_mapping.shape[0], as_stream(stream))
             return
-    kr, vr, kc, vc, sr = (as_tensor(x, n) for x, n in ((key, "key"), (value, "value"), (k_cache, "k_cache"),
-                                                       (v_cache, "v_cache"), (slot_mapping, "slot_mapping")))
+    kr, vr, kc, vc, sr = (as_tensor(x, n, writable=n in ("k_cache", "v_cache")) for x, n in
+                          ((key, "key"), (value, "value"), (k_cache, "k_cache"), (v_cache, "v_cache"),
+                           (slot_mapping, "slot_mapping")))
     scales = tuple(None if x is None else as_tensor(x, n) for x, n in ((k_scale, "k_scale"), (v_scale, "v_scale")))
     key_ = (FAMILY, runtime.device(), kc.ptr, vc.ptr, (kc.shape, kc.strides, kc.dtype, kc.device),
             (vc.shape, vc.strides, vc.dtype, vc.device), io_layout(kr, vr, sr), kv_layout,

@@ -11,6 +11,7 @@ LSE (natural log, fp32) is [B, H_q, S_q] dense or [H_q, total_q] ragged.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
@@ -20,7 +21,7 @@ from .driver import multiprocessor_count
 from .dlpack import torch_layouts
 from .features import check_features, feature_scalars, missing_kernel
 from .plan import Plan, cached_plan, torch_key
-from .tensors import TensorArg, as_stream, as_tensor
+from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 
 FAMILY = "sdpa_prefill"
@@ -112,8 +113,8 @@ class PrefillPlan(Plan):
                  max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto",
                  window_left: int | None = None, softcap: float | None = None, sinks=None):
         ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
-        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
-        ls = None if lse is None else as_tensor(lse, "lse")
+        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_output(out, "out")}
+        ls = None if lse is None else as_output(lse, "lse")
         cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
         cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
         if not isinstance(causal, bool):
@@ -152,6 +153,7 @@ class PrefillPlan(Plan):
         bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
         self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv, feats.key)
+        self.layout_of = V.layouts_of({**t, "lse": ls, "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk})
         self.bind(kernel, grid, device, values)
         self.inputs.bind(self)
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
@@ -174,8 +176,10 @@ class PrefillPlan(Plan):
                 return kernel, _TmaInputs(t, recipes)
             if family == HOPPER:
                 raise ArgumentError("family", family, f"a usable {HOPPER} kernel: {refusal}")
+        # the packed kernels' offsets inside a batch are 32-bit (aotc.kernels.sdpa_prefill)
         packed = (specialize and not ragged and all(V.is_packed(x) for x in t.values())
-                  and (ls is None or V.is_packed(ls)))
+                  and (ls is None or V.is_packed(ls))
+                  and all(math.prod(x.shape[1:]) <= V.INT32_MAX for x in (*t.values(), *([ls] if ls else []))))
         candidates = ([{**wanted, "strides": "packed"}] if packed else []) + [{**wanted, "strides": "general"}]
         if features and runtime.find(FAMILY, device, candidates) is None:
             raise missing_kernel((HOPPER, FAMILY) if family == "auto" else (family,), wanted)
@@ -208,13 +212,13 @@ class PrefillPlan(Plan):
 
     def __call__(self, q, k, v, out, lse=None, *, cu_seqlens_q=None, cu_seqlens_kv=None, stream=None) -> None:
         """Launch on tensors with the prepared shapes, strides and dtypes."""
-        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
-        ls = None if lse is None else as_tensor(lse, "lse")
+        t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_output(out, "out")}
+        ls = None if lse is None else as_output(lse, "lse")
         cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
         cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
         got = layout_key(t, ls, cuq, cuk, *self.layout[-5:])
-        if got != self.layout:
-            raise ArgumentError("tensors", got[:4], f"the layout the plan was prepared for: {self.layout[:4]}")
+        if got != self.layout:  # the tensors' layouts are all the key's call-time part
+            V.same_layouts({**t, "lse": ls, "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk}, self.layout_of)
         self.launch_records(t, ls, cuq, cuk, as_stream(stream))
 
     def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
@@ -371,8 +375,8 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
                              0 if cu_seqlens_q is None else cu_seqlens_q.data_ptr(),
                              0 if cu_seqlens_kv is None else cu_seqlens_kv.data_ptr(), as_stream(stream))
             return
-    t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_tensor(out, "out")}
-    ls = None if lse is None else as_tensor(lse, "lse")
+    t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_output(out, "out")}
+    ls = None if lse is None else as_output(lse, "lse")
     cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
     cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
     snk = None if sinks is None else as_tensor(sinks, "sinks")

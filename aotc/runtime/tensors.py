@@ -22,7 +22,7 @@ from typing import Any
 
 from aotc.common.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["DTYPES", "TensorArg", "tensor", "as_tensor", "as_stream"]
+__all__ = ["DTYPES", "TensorArg", "tensor", "as_tensor", "as_output", "as_stream"]
 
 DTYPES: dict[str, int] = {
     "fp16": 2,
@@ -49,6 +49,7 @@ class TensorArg:
     shape: extents. strides: in ELEMENTS (may be 0, negative, or above 2**31).
     dtype: a key of DTYPES. device: ("cuda", ordinal), ("cpu", 0) or ("other", code);
     ("cuda", -1) means "a CUDA device, ordinal unknown" (__cuda_array_interface__).
+    readonly: its producer exported it read-only; an output may not be (as_tensor(writable=True)).
 
     Build it with :func:`tensor` (validated) or :func:`as_tensor`; the constructor
     itself does not validate.
@@ -59,6 +60,7 @@ class TensorArg:
     strides: tuple[int, ...]
     dtype: str
     device: tuple[str, int]
+    readonly: bool = False  # exported read-only (DLPack's READ_ONLY flag, __cuda_array_interface__'s readonly)
 
     @property
     def itemsize(self) -> int:
@@ -250,11 +252,11 @@ def as_stream(obj: Any) -> int:
 
 
 def __getattr__(name: str) -> Any:
-    """as_tensor, from aotc.runtime.dlpack: imported on first use (PEP 562) because dlpack builds on the
+    """as_tensor and as_output, from aotc.runtime.dlpack: imported on first use (PEP 562) because dlpack builds on the
     record and helpers above, so this module cannot import it at the top without an import cycle."""
-    if name == "as_tensor":
-        from .dlpack import as_tensor
+    if name in ("as_tensor", "as_output"):
+        from .dlpack import as_output, as_tensor
 
-        globals()["as_tensor"] = as_tensor
-        return as_tensor
+        globals().update(as_tensor=as_tensor, as_output=as_output)
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

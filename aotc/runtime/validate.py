@@ -188,6 +188,33 @@ def lse_output(ls: TensorArg, dims: tuple[tuple[str, int], ...], why: str, name:
     no_self_overlap(ls, name)
 
 
+LAYOUT_FIELDS = ("shape", "strides", "dtype", "device")
+
+
+def layouts_of(tensors: dict[str, TensorArg | None]) -> dict[str, tuple | None]:
+    """Each tensor's (shape, strides, dtype, device), as a plan keeps them to check its steps' tensors."""
+    return {name: None if t is None else tuple(getattr(t, f) for f in LAYOUT_FIELDS) for name, t in tensors.items()}
+
+
+def same_layouts(tensors: dict[str, TensorArg | None], prepared: dict[str, tuple | None]) -> None:
+    """A plan's step: each tensor laid out, typed and placed as the prepared one (layouts_of), else an
+    ArgumentError naming the first field that differs and the prepared value."""
+    for name, got in layouts_of(tensors).items():
+        want = prepared[name]
+        if (got is None) != (want is None):
+            raise ArgumentError(name, "None" if got is None else "a tensor",
+                                f"{'None' if want is None else 'a tensor'}, as the plan was prepared")
+        for field, g, w in zip(LAYOUT_FIELDS, got or (), want or ()):
+            if g != w:
+                raise ArgumentError(f"{name}.{field}", g, f"{w}, as the plan was prepared")
+
+
+def _spans_of(tensors: dict[str, TensorArg | None]) -> tuple:
+    """(lo, hi, name) of each present, non-empty tensor's bytes."""
+    return tuple((*t.nbytes_span(), name) for name, t in tensors.items()
+                 if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1])
+
+
 def span_offsets(t: TensorArg | None) -> tuple[int, int] | None:
     """[lo, hi) of a tensor's bytes relative to its pointer (fixed by shape, strides and dtype); None when
     absent or empty."""
@@ -200,12 +227,14 @@ def span_offsets(t: TensorArg | None) -> tuple[int, int] | None:
 class Spans:
     """Overlap checks of a plan's per-call outputs: its fixed inputs' byte ranges are known when it is
     prepared, and every per-call tensor's range is its new pointer plus offsets its fixed layout gives, so
-    a call costs a few integer comparisons (check_pointers, with pointers in the order given here)."""
+    a call costs a few integer comparisons (check_pointers, with pointers in the order given here).
+    written: fixed memory the kernel writes besides the outputs (a split workspace), which the per-call
+    inputs must not overlap either (the outputs are kept from it as from every fixed input)."""
 
     def __init__(self, fixed: dict[str, TensorArg | None], outputs: dict[str, TensorArg | None],
-                 inputs: dict[str, TensorArg | None]):
-        self.fixed = tuple((*t.nbytes_span(), name) for name, t in fixed.items()
-                           if t is not None and t.nbytes_span()[0] != t.nbytes_span()[1])
+                 inputs: dict[str, TensorArg | None], written: dict[str, TensorArg | None] | None = None):
+        self.fixed = _spans_of({**fixed, **(written or {})})
+        self.written = _spans_of(written or {})
         # the fixed inputs' hull: an output wholly outside it (the usual case: caches are allocations of
         # their own) is compared with the per-call tensors only
         self.hull = (min(f[0] for f in self.fixed), max(f[1] for f in self.fixed)) if self.fixed else (0, 0)
@@ -213,12 +242,19 @@ class Spans:
         self.inputs = tuple((name, span_offsets(t)) for name, t in inputs.items())
 
     def check_pointers(self, outputs: tuple[int, ...], inputs: tuple[int, ...]) -> None:
-        """No output overlaps a fixed input, an input, or another output; `outputs` and `inputs` are pointers
-        in the order of the constructor's dicts (0: absent this call)."""
+        """No output overlaps a fixed input, an input, or another output, and no input overlaps the written
+        memory; `outputs` and `inputs` are pointers in the order of the constructor's dicts (0: absent this
+        call)."""
         spans = []
         for (name, off), p in zip(self.inputs, inputs):
             if p and off is not None:
-                spans.append((p + off[0], p + off[1], name))
+                lo, hi = p + off[0], p + off[1]
+                for tlo, thi, other in self.written:
+                    if tlo < hi and lo < thi:
+                        raise ArgumentError(name, f"bytes [{lo:#x}, {hi:#x})",
+                                            f"memory not overlapping {other} (bytes [{tlo:#x}, {thi:#x}), "
+                                            "which the kernel writes)")
+                spans.append((lo, hi, name))
         hull_lo, hull_hi = self.hull
         for (name, off), p in zip(self.outputs, outputs):
             if p and off is not None:

@@ -7,6 +7,7 @@ fp16 4e-3/4e-3, bf16 2e-2/2e-2, LSE 2e-3/2e-3. Outputs are NaN-poisoned before e
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -80,8 +81,9 @@ def test_decode_dense_kv_and_padded_outputs(rt):
     if not variants:
         pytest.skip("no dense-KV decode kernels in the bundle")
     gen = torch.Generator(device="cuda").manual_seed(5)
-    for dtype, D, _ in variants:
-        B, S, H_q, H_kv, S_q = 3, 700, 16, 1, 2  # MQA
+    # MQA over [B, S, H_kv, D]; GQA over [B, H_kv, S, D] (the same tensors transposed: HND reads their strides)
+    for (dtype, D, _), (layout, H_kv) in itertools.product(variants, (("NHD", 1), ("HND", 2))):
+        B, S, H_q, S_q = 3, 700, 16, 2
         k = torch.randn(B, S, H_kv, D, dtype=DT[dtype], device="cuda", generator=gen)
         v = torch.randn(B, S, H_kv, D, dtype=DT[dtype], device="cuda", generator=gen)
         lengths = [700, 0, 333]
@@ -90,7 +92,8 @@ def test_decode_dense_kv_and_padded_outputs(rt):
             pass
 
         cache = Dense()
-        cache.k, cache.v, cache.lengths, cache.layout = k, v, lengths, "NHD"
+        cache.k, cache.v = (k, v) if layout == "NHD" else (k.transpose(1, 2), v.transpose(1, 2))
+        cache.lengths, cache.layout = lengths, layout
         cache.page_table = None
         cache.seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         cache.dense = lambda b: (k[b, : lengths[b]], v[b, : lengths[b]])
@@ -99,7 +102,7 @@ def test_decode_dense_kv_and_padded_outputs(rt):
         out = out_buf[:, :, :H_q, :D]
         lse = torch.empty(B, H_q, S_q + 3, device="cuda")[:, :, :S_q]
         for chunks in (1, 3, None):
-            run_and_check(rt, cache, q, out, lse, chunks, f"dense {dtype} D{D}")
+            run_and_check(rt, cache, q, out, lse, chunks, f"dense {layout} {dtype} D{D}")
 
 
 def test_decode_page_table_batch_stride_beyond_int32(rt):
