@@ -1,6 +1,6 @@
 """PyTorch ops over the aotc runtime: ``torch.ops.aotc.{prefill, prefill_varlen, decode}`` (returning out and
-LSE) and their ``*_out`` forms, which write into caller-provided buffers as serving engines' attention
-backends do (``accept_output_buffer``), and ``torch.ops.aotc.kv_write``, which writes the step's new K/V
+LSE), their ``*_out`` forms and ``torch.ops.aotc.attention`` (the paged varlen entry point), which write into
+caller-provided buffers as serving engines' attention backends do (``accept_output_buffer``), and ``torch.ops.aotc.kv_write``, which writes the step's new K/V
 into paged KV-cache pools in place (vLLM's ``reshape_and_cache_flash``).
 
     import torch, aotc.torch

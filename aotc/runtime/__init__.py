@@ -44,8 +44,8 @@ def __getattr__(name: str):
 class Runtime:
     """A set of verified artifacts, loaded into the driver lazily and dispatched by family and fields.
 
-    What each entry point (prefill, prefill_ragged, decode, combine; attention and kv_write as their
-    families arrive) serves on a device: capabilities()."""
+    What each entry point (prefill, prefill_ragged, attention, decode, kv_write, combine) serves on a
+    device: capabilities()."""
 
     def __init__(self, artifacts: Iterable, sources: list[str] | None = None):
         """artifacts: Artifacts, or bundle members (aotc.storage.bundle_reader.BundleMember) whose header
@@ -252,7 +252,8 @@ class Runtime:
 
     def decode_workspace_bytes(self, batch: int, seqlen_q: int, heads_q: int, head_dim: int, chunks: int) -> int:
         """Workspace a decode with `chunks` target chunks needs (0 for chunks=1); a prepared plan's is
-        plan.workspace_bytes (its chunks: plan.chunks)."""
+        plan.workspace_bytes (its chunks: plan.chunks). Plans sharing one buffer need it for each
+        argument's largest value among them."""
         from .decode import workspace_bytes
 
         return workspace_bytes(batch, seqlen_q, heads_q, head_dim, chunks)
@@ -297,8 +298,9 @@ class Runtime:
                           workspace=None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
         [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call. workspace: the decode
-        rows' split workspace (rt.decode_workspace_bytes), None for the device's shared arena (plans sharing it
-        must not run on two streams at once; the one-call attention keeps one arena per stream)."""
+        rows' split workspace (rt.decode_workspace_bytes), None for the device's shared arena (plans sharing it,
+        the one-call attention's cached plans included, must not run on two streams at once: give such a plan
+        a workspace of its own, or use a Runtime per stream)."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
