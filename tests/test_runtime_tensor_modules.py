@@ -1,5 +1,5 @@
 """aotc.runtime.tensors and aotc.runtime.dlpack: the adapter's two halves import in either order and keep
-the public names (as_tensor lives in dlpack and is re-exported by tensors)."""
+the public names (as_tensor and as_output live in dlpack and are re-exported by tensors)."""
 from __future__ import annotations
 
 import subprocess
@@ -14,10 +14,11 @@ CODE = """
 import importlib, sys
 sys.path.insert(0, sys.argv[1])
 importlib.import_module("aotc.runtime." + sys.argv[2])
-from aotc.runtime.tensors import DTYPES, TensorArg, as_stream, as_tensor, tensor
+from aotc.runtime.tensors import DTYPES, TensorArg, as_output, as_stream, as_tensor, tensor
 from aotc.runtime import dlpack, tensors
 assert as_tensor is dlpack.as_tensor is tensors.as_tensor
-assert set(tensors.__all__) == {"DTYPES", "TensorArg", "tensor", "as_tensor", "as_stream"}
+assert as_output is dlpack.as_output is tensors.as_output
+assert set(tensors.__all__) == {"DTYPES", "TensorArg", "tensor", "as_tensor", "as_output", "as_stream"}
 t = tensor(64, (2,), (1,), "fp32")
 assert as_tensor(t, "x") is t and as_stream(None) == 0 and DTYPES["bf16"] == 2
 print("ok")
