@@ -2,12 +2,13 @@
 
 Exit codes (aotc.common.errors.EXIT_CODES, one per kind of failure, the same from every command):
 0 ok; 1 a check failed (some variants failed to build, bad cache entries, bundles differ, `aotc
-doctor` found an unreadable bundle or a driver too old for the runtime, `bundle merge --spec` found variants missing); 2 bad usage (an
-unknown option or value, a missing input file, a bad spec or --shard, a spec that prunes to nothing,
-an unusable output path, an unknown executor or an unreachable Dask scheduler); 3 compile error (a
-compile process that dies fails its variant: the build exits 1); 4 cache error (including an unwritable cache or lock
-directory); 5 variants missing while compiling is forbidden; 6 lock timeout; 7 bad bundle; 8 bundle
-of another format version or other aotc/DSL versions; 9 bad runtime argument; 10 an artifact the
+doctor` found an unreadable bundle or a driver too old for the runtime, `bundle merge --spec` found
+variants missing); 2 bad usage (an unknown option or value, a missing input file, a bad spec or
+--shard, a spec that prunes to nothing, an unusable output path, an unknown executor or an
+unreachable Dask scheduler); 3 compile error (a compile process that dies fails its variant: the
+build exits 1); 4 cache error (including an unwritable cache or lock directory); 5 variants missing
+while compiling is forbidden; 6 lock timeout; 7 bad bundle; 8 bundle of another format version or
+other aotc/DSL versions; 9 bad runtime argument; 10 an artifact the
 runtime refuses to load; 11 CUDA driver error; 12 I/O error (standard output or a file could not be
 written or read); 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 

@@ -527,7 +527,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
                              0 if page_table is None else page_table.data_ptr(), s,
                              total_q, None if lse is None else lse.stride(0), max_seqlen_q)
             return
-    recs = [None if x is None else as_tensor(x, n, writable=n in ("out", "lse")) for x, n in
+    recs = [None if x is None else (as_output if n in ("out", "lse") else as_tensor)(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
              (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"))]
     qr, outr, lsr, kr, vr, cur, slr, ptr_, snk = recs

@@ -406,7 +406,7 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              seqlens_kv.data_ptr(), 0 if page_table is None else page_table.data_ptr(), s)
             return
-    recs = [None if x is None else as_tensor(x, n, writable=n in ("out", "lse", "workspace")) for x, n in
+    recs = [None if x is None else (as_output if n in ("out", "lse", "workspace") else as_tensor)(x, n) for x, n in
             ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"), (seqlens_kv, "seqlens_kv"),
              (page_table, "page_table"), (lse, "lse"), (workspace, "workspace"))]
     qr, kr, vr, outr, slr, ptr, lsr, wsr = recs

@@ -12,7 +12,7 @@ export, not the tensor); the caller must keep the original tensor alive while th
 record is in use. Exports the producer marks as copies (DLPack >= 1.0
 ``DLPACK_FLAG_BITMASK_IS_COPIED``) are refused for that reason. Read-only exports (DLPack's
 ``DLPACK_FLAG_BITMASK_READ_ONLY``, ``__cuda_array_interface__``'s ``data[1]``) are recorded as such,
-and refused where a kernel writes the tensor (``as_tensor(writable=True)``).
+and refused where a kernel writes the tensor (:func:`as_output`).
 
 Streams: CUDA producers are asked with ``stream=-1`` ("do not synchronize"), as in the
 DLPack spec; ordering against the producer's stream is the caller's job (pass the
@@ -331,25 +331,20 @@ def torch_layouts(*objs: Any) -> tuple | None:
     return tuple(out)
 
 
-def as_tensor(obj: Any, name: str, *, writable: bool = False) -> TensorArg:
-    """`obj` as a TensorArg: a TensorArg as is, else DLPack (preferred), else __cuda_array_interface__.
-
-    Errors name the argument `name`: ArgumentTypeError for a non-tensor or an unsupported
-    dtype, ArgumentError for a tensor that cannot be exported or described, or (writable: a
-    kernel writes it) that its producer exported read-only.
-    """
-    t = _as_tensor(obj, name)
-    if writable and t.readonly:
+def as_output(obj: Any, name: str) -> TensorArg:
+    """as_tensor for a tensor a kernel writes: a read-only export is refused, naming `name`."""
+    t = as_tensor(obj, name)
+    if t.readonly:
         raise ArgumentError(name, "a read-only export", "a writable tensor (the kernel writes it)")
     return t
 
 
-def as_output(obj: Any, name: str) -> TensorArg:
-    """as_tensor for a tensor a kernel writes: a read-only export is refused."""
-    return as_tensor(obj, name, writable=True)
+def as_tensor(obj: Any, name: str) -> TensorArg:
+    """`obj` as a TensorArg: a TensorArg as is, else DLPack (preferred), else __cuda_array_interface__.
 
-
-def _as_tensor(obj: Any, name: str) -> TensorArg:
+    Errors name the argument `name`: ArgumentTypeError for a non-tensor or an unsupported
+    dtype, ArgumentError for a tensor that cannot be exported or described.
+    """
     if type(obj) is TensorArg:
         return obj
     kind = _torch_types.get(type(obj))

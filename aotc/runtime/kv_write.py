@@ -262,7 +262,7 @@ def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="
             plan.checked_run(key.data_ptr(), value.data_ptr(), slot_mapping.data_ptr(), key.shape[0], value.shape[0],
                              slot_mapping.shape[0], as_stream(stream))
             return
-    kr, vr, kc, vc, sr = (as_tensor(x, n, writable=n in ("k_cache", "v_cache")) for x, n in
+    kr, vr, kc, vc, sr = ((as_output if n in ("k_cache", "v_cache") else as_tensor)(x, n) for x, n in
                           ((key, "key"), (value, "value"), (k_cache, "k_cache"), (v_cache, "v_cache"),
                            (slot_mapping, "slot_mapping")))
     scales = tuple(None if x is None else as_tensor(x, n) for x, n in ((k_scale, "k_scale"), (v_scale, "v_scale")))

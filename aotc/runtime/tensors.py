@@ -49,7 +49,7 @@ class TensorArg:
     shape: extents. strides: in ELEMENTS (may be 0, negative, or above 2**31).
     dtype: a key of DTYPES. device: ("cuda", ordinal), ("cpu", 0) or ("other", code);
     ("cuda", -1) means "a CUDA device, ordinal unknown" (__cuda_array_interface__).
-    readonly: its producer exported it read-only; an output may not be (as_tensor(writable=True)).
+    readonly: its producer exported it read-only; an output may not be (as_output).
 
     Build it with :func:`tensor` (validated) or :func:`as_tensor`; the constructor
     itself does not validate.
