@@ -382,6 +382,8 @@ class SdpaPrefillSm90:
             key_lim, causal_lim = score_limits(ctx.row0, n * self.bn, ctx.col0, ctx.s_q, ctx.s_kv)
         for r in cutlass.range_constexpr(cute.size(row_max)):
             if cutlass.const_expr(self.softcap):
+                # tanh and exp2 share the MUFU; moving a quarter of the exp2s to the FMA pipe measured no
+                # faster (prefill_experiment_softcap_exp2_fma.json, branch softcap-exp2-fma)
                 softcap_row(S_mn, r, ctx.cap_in)
             if cutlass.const_expr(masked):
                 if cutlass.const_expr(self.paged):  # GQA-packed rows: each row's own key limits

@@ -279,7 +279,7 @@ def test_decode_plan_call_after_a_checked_call_still_refuses_other_tensors(rt):
         check_close(lse2[b], rl, LSE_TOL, f"fast path LSE b={b}")
     wide = torch.full((2, 1, 4, D + 8), math.nan, dtype=q.dtype, device="cuda")[..., :D]
     cases = [
-        (lambda: plan(q, wide, lse), "q/out/lse"),  # padded strides
+        (lambda: plan(q, wide, lse), "out.strides"),  # padded strides
         (lambda: plan(q.float(), out, lse), "q"),
         (lambda: plan(q, out, None), "lse"),
         (lambda: plan(q, q, lse), "out"),  # out overlaps q
