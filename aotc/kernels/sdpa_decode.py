@@ -231,47 +231,78 @@ class SdpaDecode:
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
+    def copy_kv_row(self, g2s, thr, base_bytes, off_bytes, dst):
+        """copy_row of a K/V row at byte offset off_bytes from base_bytes (a Uint8 pointer): byte offsets
+        let the page term be one wide multiply-add into the address (kv_thread_bases)."""
+        row = cute.recast_ptr(base_bytes + cute.assume(off_bytes, divby=16), dtype=self.MMA_DTYPE)
+        src = cute.make_tensor(row, cute.make_layout((16, self.KV_COLS), stride=(0, 1)))
+        cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
+
+    @cute.jit
     def load_pages(self, ctx, m):
         """Page-table entries of block m into ctx.pg (0 for pages at or past hi: never used)."""
         # (tensors written inside staged branches are plain locals: an attribute store through ctx
         # would make the tracer thread ctx itself through the branch)
         pg = ctx.pg
-        page_table = ctx.page_table
         t0 = ctx.lo + m * self.BN
+        row = ctx.pt_row_ptr + Int64(t0 >> self.LOG2_P) * ctx.pt_stride_p  # the block's first entry
         for j in cutlass.range_constexpr(self.N_PG):
             tok = t0 + j * self.page if cutlass.const_expr(self.page < self.BN) else t0
             pg[j] = Int32(0)
             if tok < ctx.hi:
-                pg[j] = page_table[ctx.pt_row + Int64(tok >> self.LOG2_P) * ctx.pt_stride_p]
+                pg[j] = row[Int64(j) * ctx.pt_stride_p] if cutlass.const_expr(j > 0) else row[0]
+
+    @cute.jit
+    def kv_thread_bases(self, ctx, tid, k, v, k_strides, v_strides):
+        """K's and V's byte pointers at this thread's fixed part of every row it copies (loop-invariant, so
+        load_tile adds only the page's or token's term): kv head, the row's token within its page (t0 is a
+        multiple of BN, so for P <= BN it is (tid >> 3) + 16 j mod P, whose j part load_tile adds), and for
+        dense KV the sequence. Returns (k_base, v_base, K's (page, token) byte strides, V's)."""
+        r = tid >> 3
+        elem = 1 if cutlass.const_expr(self.KV8) else self.dtype.width // 8  # the pools' bytes an element
+        out = []
+        for base, (s_page, s_tok, s_head) in ((k, k_strides), (v, v_strides)):
+            s_page, s_tok, s_head = s_page * elem, s_tok * elem, s_head * elem
+            fixed = Int64(ctx.kvh) * s_head + Int64(r) * s_tok
+            if cutlass.const_expr(not self.PAGED):
+                fixed = fixed + Int64(ctx.bidx) * s_page
+            out.append((cute.recast_ptr(base, dtype=cutlass.Uint8) + cute.assume(fixed, divby=16), s_page, s_tok))
+        return out[0][0], out[1][0], out[0][1:], out[1][1:]
 
     @cute.jit
     def load_tile(self, ctx, tid, slot, m, is_v: cutlass.Constexpr):
-        """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled."""
+        """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled. Row j of the thread
+        is token t0 + (tid >> 3) + 16 j: its address is the thread's base (kv_thread_bases) plus the page
+        term (paged) or t0's (dense) and, where the rows of a page span passes, 16 j's."""
         if m < ctx.n_blocks:
             g2s = ctx.g2s_kv
             thr = g2s.get_slice(tid)
             ring_off = cute.assume(slot * self.TILE, divby=512)
             sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
             tXs = thr.partition_D(sT)  # (CPY, BN/16, KV_COLS/64)
-            base = ctx.v if cutlass.const_expr(is_v) else ctx.k  # (fp8: as 16-bit pairs, offsets halved)
-            s_page = ctx.v_stride_page if cutlass.const_expr(is_v) else ctx.k_stride_page
-            s_tok = ctx.v_stride_token if cutlass.const_expr(is_v) else ctx.k_stride_token
-            s_head = ctx.v_stride_head if cutlass.const_expr(is_v) else ctx.k_stride_head
-            fixed = Int64(ctx.kvh) * s_head  # + b * stride_page for dense KV
+            base = ctx.v_base if cutlass.const_expr(is_v) else ctx.k_base
+            s_page, s_tok = ctx.v_strides if cutlass.const_expr(is_v) else ctx.k_strides
+            t0 = ctx.lo + m * self.BN
+            tile_off = Int64(0)
             if cutlass.const_expr(not self.PAGED):
-                fixed = fixed + Int64(ctx.bidx) * s_page
-            tok0 = ctx.lo + m * self.BN + (tid >> 3)
+                tile_off = Int64(t0) * s_tok
+            elif cutlass.const_expr(self.page > self.BN):  # the block starts inside its page
+                tile_off = Int64(t0 & (self.page - 1)) * s_tok
+            tok0 = t0 + (tid >> 3)
             for j in cutlass.range_constexpr(self.ROW_ITERS):
                 tok = tok0 + 16 * j
+                # 16 j's part of the token term: within the page for P <= BN, else from t0's
+                j_rows = 16 * (j % (self.page // 16)) if cutlass.const_expr(self.PAGED and self.page <= self.BN) else 16 * j
                 if tok < ctx.hi:
+                    off = tile_off
                     if cutlass.const_expr(self.PAGED):
                         pg = ctx.pg[(16 * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
-                        off = Int64(pg) * s_page + Int64(tok & (self.page - 1)) * s_tok + fixed
-                    else:
-                        off = Int64(tok) * s_tok + fixed
-                    if cutlass.const_expr(self.KV8):
-                        off = off >> Int64(1)  # bytes -> 16-bit pairs (strides are multiples of 16 bytes)
-                    self.copy_row(g2s, thr, base, off, tXs[None, j, None], self.KV_COLS)
+                        # page ids are non-negative (the caller's contract): widened unsigned, the term is
+                        # one 32 x 64-bit multiply-add
+                        off = off + Int64(cutlass.Uint32(pg)) * s_page
+                    if cutlass.const_expr(j_rows > 0):
+                        off = off + Int64(j_rows) * s_tok
+                    self.copy_kv_row(g2s, thr, base, off, tXs[None, j, None])
                 else:
                     tXs[None, j, None].fill(0)
 
@@ -434,7 +465,10 @@ class SdpaDecode:
                     O_mn = acc_mn_view(ctx.acc_O[h])
                     O_mn[r, None].store(O_mn[r, None].load() * alpha)
         if cutlass.const_expr(self.KV8):
-            if cute.arch.vote_any_sync(changed):  # warp-uniform: skipped while no row of the warp moved its max
+            # warp-uniform: skipped while no row of the warp moved its max. A loop of 0 or 1 trips, its count
+            # opaque: as an `if`, ptxas predicated the 64 multiplies and issued them in every block (ncu: a
+            # tenth of the fp8 step's instructions)
+            for _ in cutlass.range(opaque_i32(Int32(cute.arch.vote_any_sync(changed))), unroll=1):
                 for h in cutlass.range_constexpr(self.N_CHUNKS):
                     rescale_rows(O_views[h], alphas)
         ctx.rP.store(acc_S.load().to(self.MMA_DTYPE))
@@ -809,10 +843,8 @@ class SdpaDecode:
             n_seq=n_seq, first_full=first_full, n_full=n_full, partial_slot=partial_slot,
             col=col, n_cols=heads_kv * row_tiles,
             page_table=page_table,
-            pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+            pt_row_ptr=page_table + Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
             q_stride_b=q_stride_b, q_stride_s=q_stride_s, q_stride_h=q_stride_h,
-            k_stride_page=k_stride_page, k_stride_token=k_stride_token, k_stride_head=k_stride_head,
-            v_stride_page=v_stride_page, v_stride_token=v_stride_token, v_stride_head=v_stride_head,
             o_stride_b=o_stride_b, o_stride_s=o_stride_s, o_stride_h=o_stride_h,
             lse_stride_b=lse_stride_b, lse_stride_h=lse_stride_h, lse_stride_s=lse_stride_s,
             op_stride_chunk=op_stride_chunk, op_stride_s=op_stride_s, op_stride_h=op_stride_h,
@@ -833,6 +865,9 @@ class SdpaDecode:
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
         )
+        ctx.k_base, ctx.v_base, ctx.k_strides, ctx.v_strides = self.kv_thread_bases(
+            ctx, Int32(tidx) & (_THREADS - 1), k, v, (k_stride_page, k_stride_token, k_stride_head),
+            (v_stride_page, v_stride_token, v_stride_head))
         ctx.v_scale = Float32(1.0)
         if cutlass.const_expr(self.KV8):
             # the KV head's scales: attention over k_fp8 * k_scale and v_fp8 * v_scale
