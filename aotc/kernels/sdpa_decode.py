@@ -289,22 +289,33 @@ class SdpaDecode:
             elif cutlass.const_expr(self.page > self.BN):  # the block starts inside its page
                 tile_off = Int64(t0 & (self.page - 1)) * s_tok
             tok0 = t0 + (tid >> 3)
-            for j in cutlass.range_constexpr(self.ROW_ITERS):
-                tok = tok0 + 16 * j
-                # 16 j's part of the token term: within the page for P <= BN, else from t0's
-                j_rows = 16 * (j % (self.page // 16)) if cutlass.const_expr(self.PAGED and self.page <= self.BN) else 16 * j
-                if tok < ctx.hi:
-                    off = tile_off
-                    if cutlass.const_expr(self.PAGED):
-                        pg = ctx.pg[(16 * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
-                        # page ids are non-negative (the caller's contract): widened unsigned, the term is
-                        # one 32 x 64-bit multiply-add
-                        off = off + Int64(cutlass.Uint32(pg)) * s_page
-                    if cutlass.const_expr(j_rows > 0):
-                        off = off + Int64(j_rows) * s_tok
-                    self.copy_kv_row(g2s, thr, base, off, tXs[None, j, None])
-                else:
-                    tXs[None, j, None].fill(0)
+            pgs = [ctx.pg[i] for i in range(self.N_PG)] if cutlass.const_expr(self.PAGED) else []
+            if t0 + self.BN <= ctx.hi:  # a whole block (all but a chunk's last): no row checks, no zero rows
+                for j in cutlass.range_constexpr(self.ROW_ITERS):
+                    self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok), tXs[None, j, None])
+            else:
+                for j in cutlass.range_constexpr(self.ROW_ITERS):
+                    if tok0 + 16 * j < ctx.hi:
+                        self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
+                                         tXs[None, j, None])
+                    else:
+                        tXs[None, j, None].fill(0)
+
+    @cute.jit
+    def row_offset(self, j: cutlass.Constexpr, tile_off, pgs, s_page, s_tok):
+        """Byte offset of the thread's row j of a tile from its base (kv_thread_bases): the tile's token term,
+        the row's page term (pgs: the block's page ids) and, where the rows of a page span passes (P <= BN) or
+        the block is a run of tokens (P > BN, dense), 16 j's."""
+        off = tile_off
+        if cutlass.const_expr(self.PAGED):
+            pg = pgs[(16 * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
+            # page ids are non-negative (the caller's contract): widened unsigned, the term is one 32 x 64-bit
+            # multiply-add
+            off = off + Int64(cutlass.Uint32(pg)) * s_page
+        j_rows = 16 * (j % (self.page // 16)) if cutlass.const_expr(self.PAGED and self.page <= self.BN) else 16 * j
+        if cutlass.const_expr(j_rows > 0):
+            off = off + Int64(j_rows) * s_tok
+        return off
 
     @cute.jit
     def q_to_f16(self, ctx, tid):
@@ -446,9 +457,24 @@ class SdpaDecode:
             # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2): fp8 decode is bound by instructions, not
             # bytes, and the O rescale was a tenth of them
             alphas = cute.make_rmem_tensor((2,), Float32)
-            changed = False
             O_views = [acc_mn_view(ctx.acc_O[h]) for h in range(self.N_CHUNKS)]
-        for r in cutlass.range_constexpr(2):
+            alphas[0] = self.score_row(ctx, S_mn, 0, t0ScS_mn, key0 if cutlass.const_expr(masked) else None, masked)
+            alphas[1] = Float32(1.0)
+            # rows 8..15 of the tile (each thread's r = 1) are padding when the CTA serves 8 rows or fewer (GQA
+            # 4 to 8 at S_q 1): their softmax is skipped, in a loop of 0 or 1 trips as the rescale below. Their
+            # scores are those of zero Q rows, so their P is 0 (or NaN where K is), their O never stored
+            cap_in, lo1, lim1 = ctx.cap_in, ctx.row_lo[1], ctx.row_lim[1]
+            for _ in cutlass.range(opaque_i32(ctx.upper_rows), unroll=1):
+                if cutlass.const_expr(self.SOFTCAP):
+                    softcap_row(S_mn, 1, cap_in)
+                if cutlass.const_expr(masked):
+                    if cutlass.const_expr(self.WINDOW):
+                        mask_columns_between(S_mn, 1, t0ScS_mn, lo1 - key0, lim1 - key0)
+                    else:
+                        mask_columns(S_mn, 1, t0ScS_mn, lim1 - key0)
+                alphas[1] = softmax_row(S_mn, row_max, row_sum, 1, scale_log2, MAX_SLACK_LOG2)
+            changed = (alphas[0] != Float32(1.0)) | (alphas[1] != Float32(1.0))
+        for r in cutlass.range_constexpr(0 if cutlass.const_expr(self.KV8) else 2):
             if cutlass.const_expr(self.SOFTCAP):
                 softcap_row(S_mn, r, ctx.cap_in)
             if cutlass.const_expr(masked):
@@ -456,14 +482,10 @@ class SdpaDecode:
                     mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
                 else:
                     mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
-            if cutlass.const_expr(self.KV8):
-                alphas[r] = softmax_row(S_mn, row_max, row_sum, r, scale_log2, MAX_SLACK_LOG2)
-                changed = changed | (alphas[r] != Float32(1.0))
-            else:
-                alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
-                for h in cutlass.range_constexpr(self.N_CHUNKS):
-                    O_mn = acc_mn_view(ctx.acc_O[h])
-                    O_mn[r, None].store(O_mn[r, None].load() * alpha)
+            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+            for h in cutlass.range_constexpr(self.N_CHUNKS):
+                O_mn = acc_mn_view(ctx.acc_O[h])
+                O_mn[r, None].store(O_mn[r, None].load() * alpha)
         if cutlass.const_expr(self.KV8):
             # warp-uniform: skipped while no row of the warp moved its max. A loop of 0 or 1 trips, its count
             # opaque: as an `if`, ptxas predicated the 64 multiplies and issued them in every block (ncu: a
@@ -472,6 +494,18 @@ class SdpaDecode:
                 for h in cutlass.range_constexpr(self.N_CHUNKS):
                     rescale_rows(O_views[h], alphas)
         ctx.rP.store(acc_S.load().to(self.MMA_DTYPE))
+
+    @cute.jit
+    def score_row(self, ctx, S_mn, r: cutlass.Constexpr, t0ScS_mn, key0, masked: cutlass.Constexpr):
+        """fp8: soft-cap, mask and online softmax of the thread's row r (the lazy rescale's slack); its alpha."""
+        if cutlass.const_expr(self.SOFTCAP):
+            softcap_row(S_mn, r, ctx.cap_in)
+        if cutlass.const_expr(masked):
+            if cutlass.const_expr(self.WINDOW):
+                mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
+            else:
+                mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
+        return softmax_row(S_mn, ctx.row_max, ctx.row_sum, r, ctx.scale_log2, MAX_SLACK_LOG2)
 
     @cute.jit
     def v_step(self, ctx, n):
@@ -903,6 +937,7 @@ class SdpaDecode:
             row_lo[r] = s_kv - seqlen_q + i_r - window_left
         ctx.row_lim = row_lim
         ctx.row_lo = row_lo
+        ctx.upper_rows = Int32(n_rows - row_tile * _ROWS > 8)  # fp8: rows 8..15 of the tile are real ones
 
         self.prologue(ctx)
         if cutlass.const_expr(self.KV8):
