@@ -458,30 +458,21 @@ class SdpaDecode:
             # bytes, and the O rescale was a tenth of them
             alphas = cute.make_rmem_tensor((2,), Float32)
             O_views = [acc_mn_view(ctx.acc_O[h]) for h in range(self.N_CHUNKS)]
-            alphas[0] = self.score_row(ctx, S_mn, 0, t0ScS_mn, key0 if cutlass.const_expr(masked) else None, masked)
+            key0_ = key0 if cutlass.const_expr(masked) else None
+            self.score_mods(S_mn, 0, t0ScS_mn, ctx.cap_in, ctx.row_lo[0], ctx.row_lim[0], key0_, masked)
+            alphas[0] = softmax_row(S_mn, row_max, row_sum, 0, scale_log2, MAX_SLACK_LOG2)
             alphas[1] = Float32(1.0)
             # rows 8..15 of the tile (each thread's r = 1) are padding when the CTA serves 8 rows or fewer (GQA
             # 4 to 8 at S_q 1): their softmax is skipped, in a loop of 0 or 1 trips as the rescale below. Their
             # scores are those of zero Q rows, so their P is 0 (or NaN where K is), their O never stored
             cap_in, lo1, lim1 = ctx.cap_in, ctx.row_lo[1], ctx.row_lim[1]
             for _ in cutlass.range(opaque_i32(ctx.upper_rows), unroll=1):
-                if cutlass.const_expr(self.SOFTCAP):
-                    softcap_row(S_mn, 1, cap_in)
-                if cutlass.const_expr(masked):
-                    if cutlass.const_expr(self.WINDOW):
-                        mask_columns_between(S_mn, 1, t0ScS_mn, lo1 - key0, lim1 - key0)
-                    else:
-                        mask_columns(S_mn, 1, t0ScS_mn, lim1 - key0)
+                self.score_mods(S_mn, 1, t0ScS_mn, cap_in, lo1, lim1, key0_, masked)
                 alphas[1] = softmax_row(S_mn, row_max, row_sum, 1, scale_log2, MAX_SLACK_LOG2)
             changed = (alphas[0] != Float32(1.0)) | (alphas[1] != Float32(1.0))
         for r in cutlass.range_constexpr(0 if cutlass.const_expr(self.KV8) else 2):
-            if cutlass.const_expr(self.SOFTCAP):
-                softcap_row(S_mn, r, ctx.cap_in)
-            if cutlass.const_expr(masked):
-                if cutlass.const_expr(self.WINDOW):
-                    mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
-                else:
-                    mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
+            self.score_mods(S_mn, r, t0ScS_mn, ctx.cap_in, ctx.row_lo[r], ctx.row_lim[r],
+                            key0 if cutlass.const_expr(masked) else None, masked)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             for h in cutlass.range_constexpr(self.N_CHUNKS):
                 O_mn = acc_mn_view(ctx.acc_O[h])
@@ -496,16 +487,17 @@ class SdpaDecode:
         ctx.rP.store(acc_S.load().to(self.MMA_DTYPE))
 
     @cute.jit
-    def score_row(self, ctx, S_mn, r: cutlass.Constexpr, t0ScS_mn, key0, masked: cutlass.Constexpr):
-        """fp8: soft-cap, mask and online softmax of the thread's row r (the lazy rescale's slack); its alpha."""
+    def score_mods(self, S_mn, r: cutlass.Constexpr, t0ScS_mn, cap_in, row_lo, row_lim, key0,
+                   masked: cutlass.Constexpr):
+        """Soft-cap and mask of the thread's row r before its softmax (no ctx: the fp8 padding rows call it
+        inside a staged loop). key0: the thread's first key (masked blocks only)."""
         if cutlass.const_expr(self.SOFTCAP):
-            softcap_row(S_mn, r, ctx.cap_in)
+            softcap_row(S_mn, r, cap_in)
         if cutlass.const_expr(masked):
             if cutlass.const_expr(self.WINDOW):
-                mask_columns_between(S_mn, r, t0ScS_mn, ctx.row_lo[r] - key0, ctx.row_lim[r] - key0)
+                mask_columns_between(S_mn, r, t0ScS_mn, row_lo - key0, row_lim - key0)
             else:
-                mask_columns(S_mn, r, t0ScS_mn, ctx.row_lim[r] - key0)
-        return softmax_row(S_mn, ctx.row_max, ctx.row_sum, r, ctx.scale_log2, MAX_SLACK_LOG2)
+                mask_columns(S_mn, r, t0ScS_mn, row_lim - key0)
 
     @cute.jit
     def v_step(self, ctx, n):
