@@ -92,10 +92,10 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
 
 
 # fp8 KV (the archs with e4m3, big and small classes): (ring slots of e4m3 tiles, CTAs per SM, KB per CTA).
-# fp8 decode is bound by instruction latency, not bytes (ncu of the shared-memory conversion at 98a86aa: 50%
-# of issue slots busy, 0.68 eligible warps a scheduler at 8 warps an SM): D128 runs 3 CTAs an SM (12 warps)
-# with 7 tiles of 8 KB each in flight (benchmarks/results/fp8_kv.json). D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
-_FP8_TILES = {(128, "big"): (8, 3, 75), (256, "big"): (6, 2, 113), (128, "small"): (11, 1, 99),
+# fp8 decode is bound by instruction latency, not bytes (ncu at 3c6d52b, benchmarks/results/logs/
+# ncu_decode_fp8_3c6d52b.txt: 31% of issue slots busy at 2.5 warps a scheduler): D128 runs 4 CTAs an SM (16
+# warps; the kernel compiles to at most 128 registers for them) with 5 tiles of 8 KB each in flight. D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
+_FP8_TILES = {(128, "big"): (6, 4, 56), (256, "big"): (6, 2, 113), (128, "small"): (11, 1, 99),
               (256, "small"): (5, 1, 99)}
 
 

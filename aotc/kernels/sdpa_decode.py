@@ -414,9 +414,12 @@ class SdpaDecode:
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, self.KW)), Float32)
         acc_S.fill(0.0)
         if cutlass.const_expr(self.KV8):
-            # Q's fragments stay in registers (loaded once, after q_to_f16); K's e4m3 pairs come in by ldmatrix,
-            # a 32-byte slice of D at a time, each slice two k16 steps of fp16 fragments once converted
-            tSrQ = ctx.rQ
+            # K's e4m3 pairs come in by ldmatrix, a 32-byte slice of D at a time, each slice two k16 steps of fp16
+            # fragments once converted
+            # Q's fp16 fragments (q_to_f16) come in by ldmatrix a k16 step before its MMAs: held across the kv
+            # loop they kept the kernel at 161 registers, 3 CTAs an SM
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrQ_v = s2r_Q.retile(tSrQ)
             tSrK16 = cute.make_rmem_tensor(thr_mma.partition_shape_B((self.KW, self.D)), self.MMA_DTYPE)  # fp16 K
             # the loaded pairs in a compact column-major fragment, so word w is (v1, n-tile, k-step) in order:
             # make_fragment_B follows the smem strides (D256's two swizzle atoms made its k-steps 4, 8, 1, 2, ...)
@@ -436,6 +439,8 @@ class SdpaDecode:
                         lo, hi = e4m3x4_to_f16x2x2(loaded[j + 2 * nt + 2 * n_t * kk])
                         real[2 * nt + 2 * n_t * (2 * kk + j)] = lo
                         real[1 + 2 * nt + 2 * n_t * (2 * kk + j)] = hi
+                for j in cutlass.range_constexpr(2):
+                    cute.copy(s2r_Q, tSsQ[None, None, 2 * kk + j], tSrQ_v[None, None, 2 * kk + j])
                 for j in cutlass.range_constexpr(2):
                     cute.gemm(mma, acc_S, tSrQ[None, None, 2 * kk + j], tSrK16[None, None, 2 * kk + j], acc_S)
         else:
@@ -935,12 +940,7 @@ class SdpaDecode:
         if cutlass.const_expr(self.KV8):
             cute.arch.cp_async_wait_group(self.SLOTS - 2)  # tile 0's group, Q with it
             q_scale = self.q_to_f16(ctx, opaque_i32(ctx.tidx) & (_THREADS - 1))
-            cute.arch.barrier()  # every thread's fp16 Q in smem
-            thr_q = tiled_mma.get_slice(tidx & 31)
-            sQ16 = cute.make_tensor(ctx.sQ_mma, ctx.q_layout)
-            ctx.rQ = thr_q.make_fragment_A(thr_q.partition_A(sQ16))
-            s2r_Q = ctx.s2r_Q.get_slice(tidx & 31)
-            cute.copy(s2r_Q, s2r_Q.partition_S(sQ16), s2r_Q.retile(ctx.rQ))
+            cute.arch.barrier()  # every thread's fp16 Q in smem (k_step loads its fragments from there)
             score = ScoreScale(ctx.softmax_scale * q_scale, ctx.softcap, self.SOFTCAP)
             ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         if cutlass.const_expr(self.WINDOW):
@@ -996,6 +996,10 @@ class SdpaDecode:
             grid=[heads_kv * row_tiles, target_chunks + batch, 1],
             block=[_THREADS, 1, 1],
             smem=self.smem_size,
+            # fp8: ptxas fits the tile's CTAs an SM in registers (the carveout is the runtime's; given here
+            # only so that the DSL does not ask a device for one)
+            min_blocks_per_mp=self.tile.ctas_per_sm if self.KV8 else 0,
+            preferred_smem_carveout=100 if self.KV8 else None,
         )
 
 
