@@ -16,8 +16,9 @@ Tensors (element strides; head-dim stride 1 everywhere):
 
 fp8 KV (kv_dtype fp8_e4m3, aotc.families.kv_dtype): K/V pools of e4m3 bytes (strides multiples of 16) with
 fp32 scales k_descale / v_descale [H_kv] (descale_stride_h 1) or [1] (0); attention over k_fp8 * k_descale[h],
-v_fp8 * v_descale[h]. The kernel converts the e4m3 tiles to fp16 in shared memory and runs its MMAs in fp16
-(Q rewritten as fp16 times a power of two per CTA), the K scale in the softmax scale, the V scale in O.
+v_fp8 * v_descale[h]. The kernel converts the e4m3 fragments to fp16 in registers after ldmatrix and runs its
+MMAs in fp16 (Q rewritten as fp16 times a power of two per CTA), the K scale in the softmax scale, the V scale
+in O.
 
 Causal within the new tokens: query i (0-based among S_q) sees keys j <= seqlens_kv[b] - S_q + i.
 GQA packing: a CTA serves one (batch, kv head, split) and up to ROWS_PER_CTA (token, query head) rows of
@@ -94,7 +95,8 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
 # fp8 KV (the archs with e4m3, big and small classes): (ring slots of e4m3 tiles, CTAs per SM, KB per CTA).
 # fp8 decode is bound by instruction latency, not bytes (ncu at 3c6d52b, benchmarks/results/logs/
 # ncu_decode_fp8_3c6d52b.txt: 31% of issue slots busy at 2.5 warps a scheduler): D128 runs 4 CTAs an SM (16
-# warps; the kernel compiles to at most 128 registers for them) with 5 tiles of 8 KB each in flight. D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
+# warps; the kernel compiles to at most 128 registers for them) with 5 tiles of 8 KB each in flight
+# (benchmarks/results/fp8_kv.json). D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
 _FP8_TILES = {(128, "big"): (6, 4, 56), (256, "big"): (6, 2, 113), (128, "small"): (11, 1, 99),
               (256, "small"): (5, 1, 99)}
 

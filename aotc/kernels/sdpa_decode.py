@@ -235,8 +235,7 @@ class SdpaDecode:
         """copy_row of a K/V row at byte offset off_bytes from base_bytes (a Uint8 pointer): byte offsets
         let the page term be one wide multiply-add into the address (kv_thread_bases)."""
         row = cute.recast_ptr(base_bytes + cute.assume(off_bytes, divby=16), dtype=self.MMA_DTYPE)
-        src = cute.make_tensor(row, cute.make_layout((16, self.KV_COLS), stride=(0, 1)))
-        cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
+        self.copy_row(g2s, thr, row, Int64(0), dst, self.KV_COLS)
 
     @cute.jit
     def load_pages(self, ctx, m):
@@ -292,7 +291,8 @@ class SdpaDecode:
             pgs = [ctx.pg[i] for i in range(self.N_PG)] if cutlass.const_expr(self.PAGED) else []
             if t0 + self.BN <= ctx.hi:  # a whole block (all but a chunk's last): no row checks, no zero rows
                 for j in cutlass.range_constexpr(self.ROW_ITERS):
-                    self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok), tXs[None, j, None])
+                    self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
+                                     tXs[None, j, None])
             else:
                 for j in cutlass.range_constexpr(self.ROW_ITERS):
                     if tok0 + 16 * j < ctx.hi:
@@ -873,7 +873,6 @@ class SdpaDecode:
             q=q, k=k, v=v, o=o, lse=lse, o_partial=o_partial, lse_partial=lse_partial, counters=counters,
             n_seq=n_seq, first_full=first_full, n_full=n_full, partial_slot=partial_slot,
             col=col, n_cols=heads_kv * row_tiles,
-            page_table=page_table,
             pt_row_ptr=page_table + Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
             q_stride_b=q_stride_b, q_stride_s=q_stride_s, q_stride_h=q_stride_h,
             o_stride_b=o_stride_b, o_stride_s=o_stride_s, o_stride_h=o_stride_h,
