@@ -1111,8 +1111,8 @@ def a_page_table(case: Case):
 
 
 def a_group(case: Case):
-    """H_q / H_kv set to a divisor of 64 or not (0 included), in q, out and lse alike."""
-    k, g = case.t["k_cache"], case.r.pick((0, 3, 5, 6, 12, 128, 1, 2, 4, 8, 16, 32, 64))
+    """H_q / H_kv set to a group of 1 to 64 or not (0 and 65 included), in q, out and lse alike."""
+    k, g = case.t["k_cache"], case.r.pick((0, 3, 5, 6, 7, 12, 65, 128, 1, 2, 4, 8, 16, 32, 64))
     h_kv = k.shape[case.head_ax] if len(k.shape) > case.head_ax else 1
     for n, ax in (("q", 1), ("out", 1), ("lse", 0)):
         x = case.t[n]
@@ -1268,7 +1268,7 @@ def attention_oracle(case: Case) -> list[set[str]]:
                 bad.append({"k_cache", "q"})
             else:
                 group = H_q // H_kv
-                if group == 0 or Q_BOX_ROWS % group:  # H_q = 0 is no group: nothing to pack
+                if not 1 <= group <= Q_BOX_ROWS:  # H_q = 0 is no group: nothing to pack
                     bad.append({"H_q"})
                 if total_q * group > INT32_MAX:
                     bad.append({"total_q"})

@@ -143,19 +143,28 @@ def test_an_empty_step_still_encodes():
 
 # ---------------------------------------------------------------------------- refusals
 
-@pytest.mark.parametrize("heads_q,heads_kv", [(3, 1), (12, 2), (128, 1), (40, 8), (0, 2)])
-def test_a_group_not_dividing_64_is_refused(heads_q, heads_kv):
-    """The kernel packs the query heads of a KV head into 64-row tiles; H_q = 0 is group 0, refused as
-    such (not a ZeroDivisionError)."""
-    with pytest.raises(ArgumentError, match="a divisor of 64") as e:
+@pytest.mark.parametrize("heads_q,heads_kv", [(65, 1), (128, 1), (130, 2), (0, 2)])
+def test_a_group_over_64_is_refused(heads_q, heads_kv):
+    """The kernel packs each token's query heads of a KV head into one 64-row slab; H_q = 0 is group 0,
+    refused as such (not a ZeroDivisionError)."""
+    with pytest.raises(ArgumentError, match="1 to 64") as e:
         check(heads_q=heads_q, heads_kv=heads_kv)
     assert e.value.name == "H_q / H_kv" and e.value.value == heads_q // heads_kv
 
 
-@pytest.mark.parametrize("group", [1, 2, 16, 32, 64])
-def test_every_divisor_of_64_is_served(group):
+@pytest.mark.parametrize("group", [1, 2, 3, 5, 6, 7, 12, 16, 32, 48, 64])
+def test_every_group_up_to_64_is_served(group):
+    """Groups that do not divide 64 too (Qwen2.5's 28/4 and 40/8): a slab holds 64 // group tokens."""
     _, d = check(heads_q=2 * group, heads_kv=2)
     assert d.heads_q // d.heads_kv == group
+
+
+@pytest.mark.parametrize("group", [3, 5, 7, 48])
+def test_q_box_of_a_group_not_dividing_64(group):
+    """Q's box is group heads by 64 // group tokens: group * (64 // group) rows of the 64-row slab."""
+    t, d = check(heads_q=2 * group, heads_kv=2)
+    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    assert r["q"].box == (64, group, 64 // group)
 
 
 @pytest.mark.parametrize("kv_layout,axis", [("NHD", 1), ("HND", 2)])

@@ -34,8 +34,9 @@ sequence's last page are masked out of the scores, and the kernel zeroes them in
 before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.
 
 Tiles of a paged call are enumerated from the device-side lengths (tile_scheduler.RaggedTiles): per
-KV head, ceil(ceil(s_q * group / block_m) / 2) work items of a sequence of at least min_seqlen_q
-queries (a pair of tiles each: GQA-packed rows, the last tile with the first), so the persistent grid
+KV head, ceil(ceil(s_q / tile_tokens) / 2) work items of a sequence of at least min_seqlen_q
+queries (a pair of tiles each: GQA-packed rows, each 64-row warpgroup slab the group query heads of
+64 // group tokens, any group 1..64; the last tile with the first), so the persistent grid
 walks only real tiles whatever the mix of decode rows and long chunks, and a CUDA graph replayed with
 other lengths stays balanced. Ragged (unpaged) calls enumerate theirs the same way, per query head
 (rows unpacked): a batch of one long sequence among short ones walks no empty tiles.

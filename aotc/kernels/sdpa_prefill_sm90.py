@@ -127,7 +127,7 @@ class SdpaPrefillSm90:
         self.consumer_warps = 4 * n_wg
         self.producer_regs, self.consumer_regs = (RAGGED_REGISTERS if self.ragged else REGISTERS)[n_wg]
         self.elem_bytes = elem_bytes = dtype.width // 8
-        self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every warpgroup's Q slab, on one barrier
+        self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.p_whole = (D, bn) in _P_CONVERTED_WHOLE
         self.kv_tx = bn * D * elem_bytes
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
@@ -138,7 +138,7 @@ class SdpaPrefillSm90:
             self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
             self.log2_page = self.page.bit_length() - 1
         if self.ragged:
-            self.ragged_tiles = RaggedTiles(bm)
+            self.ragged_tiles = RaggedTiles()
         sep_o = self.sep_o
 
         @cute.struct
@@ -207,17 +207,17 @@ class SdpaPrefillSm90:
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
 
     @cute.jit
-    def ragged_tile(self, i, lane, cu_seqlens_q, batch, group, heads, min_seqlen_q, first_tile, n_ctas, n_items):
+    def ragged_tile(self, i, lane, cu_seqlens_q, batch, tile_tokens, heads, min_seqlen_q, first_tile, n_ctas, n_items):
         """(valid, bidx, head, m_block, q_start, s_q) of this CTA's i-th tile of a ragged batch (RaggedTiles,
         warp-wide: tile i % 2 of the pair of work item i // 2; valid 0 past the last item, or for the missing
-        partner of a middle tile). Paged: rows GQA-packed (group), head a KV head; ragged: group 1 and
-        head a query head."""
+        partner of a middle tile). Paged: rows GQA-packed (tile_tokens tokens), head a KV head; ragged:
+        block_m tokens of one query head."""
         t = self.ragged_tiles.item(i // 2, first_tile, n_ctas)
         valid = Int32(0)
         if t < n_items:
             valid = Int32(1)
         t = cutlass.min(t, n_items - 1)
-        bidx, head, pair, tiles, q_start, s_q = self.ragged_tiles.locate(t, cu_seqlens_q, batch, group, heads,
+        bidx, head, pair, tiles, q_start, s_q = self.ragged_tiles.locate(t, cu_seqlens_q, batch, tile_tokens, heads,
                                                                          min_seqlen_q, lane)
         m_block = tiles - 1 - pair
         if i % 2 == 1:
@@ -229,7 +229,7 @@ class SdpaPrefillSm90:
     @cute.jit
     def ragged_rounds(self, lane, cu_seqlens_q, batch, heads_q, n_ctas):
         """(work items, rounds: two tiles an item) of a ragged (unpaged) batch, warp-wide."""
-        n_items = self.ragged_tiles.count(cu_seqlens_q, batch, 1, heads_q, 0, lane)
+        n_items = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, lane)
         return n_items, 2 * ((n_items + (n_ctas - 1)) // n_ctas)
 
     @cute.jit
@@ -238,23 +238,23 @@ class SdpaPrefillSm90:
         (unpaged) batch: ragged_tile() over query heads, so the grid walks only the batch's real tiles
         (the dense schedule over max_seqlen_q tiles per sequence skipped the short ones' empty tiles one by
         one: 1 x 16384 + 31 x 512 tokens ran 0.87x the time of the same work as two dense calls)."""
-        valid, bidx, head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, 1, heads_q, 0,
+        valid, bidx, head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, self.bm, heads_q, 0,
                                                                     first_tile, n_ctas, n_items)
         kv_start = cu_seqlens_kv[bidx]
         s_kv = cu_seqlens_kv[bidx + 1] - kv_start
         return valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv
 
     @cute.jit
-    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages,
+    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
                    first_tile, n_ctas, n_items, window_left):
         """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range) of this CTA's i-th tile
-        (ragged_tile()) and the kv blocks its queries see (kv_blocks_for_queries: n_min, n_max, n_mask_min,
-        n_left_end)."""
-        valid, bidx, kv_head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, group, heads_kv,
+        (ragged_tile(); slab_tokens: query tokens of one warpgroup's packed slab) and the kv blocks its
+        queries see (kv_blocks_for_queries: n_min, n_max, n_mask_min, n_left_end)."""
+        tokens = self.n_wg * slab_tokens  # query tokens of a packed tile
+        valid, bidx, kv_head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, tokens, heads_kv,
                                                                        min_seqlen_q, first_tile, n_ctas, n_items)
         # keys of the sequence, cut at its page-table row's end (never read past the row)
         s_kv = cutlass.min(cutlass.max(seqlens_kv[bidx], Int32(0)), max_pages * self.page)
-        tokens = self.bm // group  # query tokens of a packed tile
         q_first = m_block * tokens
         q_last = cutlass.min(q_first + tokens, s_q) - 1
         kv_range = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
@@ -306,8 +306,9 @@ class SdpaPrefillSm90:
             self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
         cute.arch.mbarrier_wait(bars + self.Q_EMPTY, (q_count & 1) ^ 1)
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(bars + self.Q_FULL, self.q_tx)
-            tokens = self.n_wg_rows // ctx.group  # tokens of one warpgroup's slab
+            tokens = ctx.slab_tokens  # tokens of one warpgroup's slab: its first tokens * group rows
+            cute.arch.mbarrier_arrive_and_expect_tx(bars + self.Q_FULL,
+                                                    self.n_wg * tokens * ctx.group * self.D * self.elem_bytes)
             for w in cutlass.range_constexpr(self.n_wg):
                 for c in cutlass.range_constexpr(self.chunks):
                     prims.cp_async_bulk_tensor_shared_cta_global(
@@ -409,6 +410,18 @@ class SdpaPrefillSm90:
             cute.arch.mbarrier_arrive(ctx.bars + self.Q_EMPTY)
 
     @cute.jit
+    def packed_token(self, ctx, local):
+        """(query token, query head) of row `local` (0..63) of this warpgroup's GQA-packed slab (paged): the
+        slab holds tokens tok0 .. tok0 + slab_tokens - 1, each token's `group` query heads of the KV head in
+        rows of their own, token-major. Rows from slab_tokens * group on (a group that does not divide 64)
+        are padding: token s_q, never stored (their Q rows are whatever the slab held)."""
+        t = local // ctx.group
+        tok = ctx.tok0 + t
+        if t >= ctx.slab_tokens:
+            tok = ctx.s_q
+        return tok, ctx.kv_head * ctx.group + local - t * ctx.group
+
+    @cute.jit
     def store_p(self, ctx, acc_S):
         """P (the softmax'd S tile) to fp16/bf16 into the PV GEMM's A-operand registers."""
         if cutlass.const_expr(self.p_whole):
@@ -487,8 +500,8 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(self.sinks):
             sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
             for r in cutlass.range_constexpr(n_rows):
-                if cutlass.const_expr(self.paged):  # packed row r: query head kv_head * group + r % group
-                    head = ctx.kv_head * ctx.group + (ctx.row0 + ctx.cS_mn[r, 0][0]) % ctx.group
+                if cutlass.const_expr(self.paged):  # packed row r: its own query head
+                    _, head = self.packed_token(ctx, ctx.local0 + ctx.cS_mn[r, 0][0])
                     sink_log2[r] = ctx.sinks[head] * Float32(LOG2_E)
                 else:
                     sink_log2[r] = ctx.sinks[ctx.head] * Float32(LOG2_E)
@@ -522,14 +535,12 @@ class SdpaPrefillSm90:
         cO = cute.make_identity_tensor((self.n_wg_rows, self.D))
         t0OcO = s2g.get_slice(0).partition_S(cO)
         if cutlass.const_expr(self.paged):
-            # packed row r of the sequence is query token r // group of head kv_head * group + r % group
-            thr_row = row_base + s2g_thr.partition_S(cO)[0][0]
+            # the slab's packed rows are (query token, query head) pairs (packed_token)
+            thr_row = s2g_thr.partition_S(cO)[0][0]
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                row = thr_row + t0OcO[0, m, 0][0]
-                tok = row // ctx.group
+                tok, head = self.packed_token(ctx, thr_row + t0OcO[0, m, 0][0])
                 if tok < ctx.s_q:
-                    off = (Int64(ctx.q_start + tok) * o_ss
-                           + Int64(ctx.kv_head * ctx.group + row - tok * ctx.group) * cute.assume(ctx.o_sh, divby=VEC))
+                    off = Int64(ctx.q_start + tok) * o_ss + Int64(head) * cute.assume(ctx.o_sh, divby=VEC)
                     # a row-stride-0 view: the thread's row coordinate drops out of its partition
                     g_row = cute.make_tensor(o + cute.assume(off, divby=VEC),
                                              cute.make_layout((self.n_wg_rows, self.D), stride=(0, 1)))
@@ -537,11 +548,9 @@ class SdpaPrefillSm90:
             if ctx.write_lse != 0:
                 if ctx.lane % 4 == 0:
                     for r in cutlass.range_constexpr(n_rows):
-                        row = ctx.row0 + ctx.cS_mn[r, 0][0]
-                        tok = row // ctx.group
+                        tok, head = self.packed_token(ctx, ctx.local0 + ctx.cS_mn[r, 0][0])
                         if tok < ctx.s_q:
-                            ctx.lse[Int64(ctx.kv_head * ctx.group + row - tok * ctx.group) * ctx.lse_sh
-                                    + Int64(ctx.q_start + tok) * ctx.lse_ss] = lse_r[r]
+                            ctx.lse[Int64(head) * ctx.lse_sh + Int64(ctx.q_start + tok) * ctx.lse_ss] = lse_r[r]
         else:
             o_lim = ctx.s_q - row_base - s2g_thr.partition_S(cO)[0][0]
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
@@ -569,7 +578,7 @@ class SdpaPrefillSm90:
             if n_max > 0 and tile.s_kv < n_max * self.bn:
                 self.zero_v_tail(tile, wg_index, n_max, g0)
             # GQA-packed: a short tile's last warpgroups may hold no real row
-            padding = tile.m_block * self.bm + wg_index * self.n_wg_rows >= tile.s_q * tile.group
+            padding = tile.tok0 >= tile.s_q
         if padding:
             self.idle_tile(tile, n_iter, g0)
         elif n_max > 0:
@@ -679,10 +688,14 @@ class SdpaPrefillSm90:
         group = heads_q // heads_kv
 
         if cutlass.const_expr(self.paged):
-            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, group, heads_kv, min_seqlen_q, tidx % 32)
+            # GQA packing: a warpgroup's 64-row slab holds the query heads of slab_tokens tokens (the runtime
+            # checks group <= 64; a group that does not divide 64 leaves the slab's last rows padding)
+            slab_tokens = Int32(self.n_wg_rows) // group
+            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv, min_seqlen_q,
+                                              tidx % 32)
             rounds = 2 * ((n_items + (n_ctas - 1)) // n_ctas)  # two tiles per work item
-            paged_args = (cu_seqlens_q, seqlens_kv, batch, group, heads_kv, min_seqlen_q, max_pages, first_tile, n_ctas,
-                          n_items, window_left)
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages, first_tile,
+                          n_ctas, n_items, window_left)
         elif cutlass.const_expr(self.ragged):
             # one query head's tokens a tile (no GQA packing); each role counts the items after its setmaxnreg
             # (a count made before it lives across the register cut: D64's producer spilled it)
@@ -701,6 +714,7 @@ class SdpaPrefillSm90:
                         n_min, n_max, _, _ = kv_range
                         if valid != 0:
                             tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
+                                                   slab_tokens=slab_tokens,
                                                    page_table=page_table, pt_row=Int64(bidx) * pt_stride_b,
                                                    pt_stride_p=pt_stride_p)
                             self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
@@ -809,6 +823,8 @@ class SdpaPrefillSm90:
                 ctx.lse_sh = lse_stride_h
                 ctx.o_off = Int64(0)
                 ctx.group = group
+                ctx.slab_tokens = slab_tokens
+                ctx.local0 = tScS[0][0]  # this thread's first row in its warpgroup's slab
                 for i in cutlass.range(rounds, unroll=1):
                     valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
                         i, ctx.lane, *paged_args)
@@ -819,14 +835,13 @@ class SdpaPrefillSm90:
                         tile.s_kv = s_kv
                         tile.q_start = q_start
                         tile.kv_head = kv_head
-                        tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # first packed row
-                        # each row's exclusive key limit (and, windowed, its first key): packed row r is query
-                        # token r // group
+                        tile.tok0 = (m_block * self.n_wg + wg_index) * slab_tokens  # the slab's first query token
+                        # each row's exclusive key limit (and, windowed, its first key), from its query token
                         row_lim = cute.make_rmem_tensor((n_rows,), Int32)
                         row_lo = cute.make_rmem_tensor((n_rows,), Int32)
                         for r in cutlass.range_constexpr(n_rows):
                             row_lim[r] = s_kv
-                            tok = (tile.row0 + ctx.cS_mn[r, 0][0]) // group
+                            tok, _ = self.packed_token(tile, ctx.local0 + ctx.cS_mn[r, 0][0])
                             if cutlass.const_expr(self.causal):
                                 row_lim[r] = cutlass.min(s_kv, tok + 1 + s_kv - s_q)
                             row_lo[r] = tok + s_kv - s_q - window_left

@@ -335,41 +335,38 @@ class RaggedTiles:
     aotc.families.schedulers.ragged_grid), for a persistent grid: a CUDA graph replayed with other
     lengths walks the new batch's tiles, and sequences without queries cost nothing.
 
-    Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b * group / bm)
-    tiles per KV head: its group * s_b rows (token i, query head g of the KV head at row i * group + g:
-    GQA packing, so a decode token's query heads share one tile and K/V are read once per KV head) cut
-    into tiles of bm rows (none for a sequence of fewer than min_q queries: Runtime.attention gives its
-    decode rows to the decode kernel). Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
+    Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b / tile_tokens)
+    tiles per head: tile_tokens query tokens a tile (unpaged: bm, one query head's rows; paged: the GQA-packed
+    tile's tokens, each token's `group` query heads of the KV head in rows of their own, so a decode token's
+    query heads share one tile and K/V are read once per KV head; none for a sequence of fewer than min_q
+    queries: Runtime.attention gives its decode rows to the decode kernel). Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
     (the middle tile of an odd m_b alone): with causal masks every pair of a sequence costs the same, so
     handing out pairs balances a persistent grid where single tiles, longest first, left CTAs with 1.8x
     the mean work (a 2048-token chunk, 64 tiles of 1..16 kv blocks per KV head, over 132 CTAs). Work item
-    t of the heads_kv * sum_b ceil(m_b / 2) enumerates sequences in order, then KV heads, then pairs; CTA c
+    t of the heads * sum_b ceil(m_b / 2) enumerates sequences in order, then heads, then pairs; CTA c
     takes items c, c + n_ctas, ... in snake order (c reversed in odd rounds), each item's two tiles in
     turn. Every warp derives the same answer from the lengths (a warp scan over ROUND sequences at a time,
     no barrier)."""
 
-    def __init__(self, block_m: int):
-        self.bm = block_m
-
     @cute.jit
-    def tiles_of(self, cu_seqlens_q, b, batch, group, min_q):
-        """Tiles per KV head of sequence b (0 past the batch, and for fewer than min_q queries: those
+    def tiles_of(self, cu_seqlens_q, b, batch, tile_tokens, min_q):
+        """Tiles per head of sequence b (0 past the batch, and for fewer than min_q queries: those
         sequences are the decode kernel's)."""
         n = Int32(0)
         if b < batch:
             s = cutlass.max(cu_seqlens_q[b + 1] - cu_seqlens_q[b], Int32(0))
             if s >= min_q:
-                n = (s * group + (self.bm - 1)) // self.bm
+                n = (s + (tile_tokens - 1)) // tile_tokens
         return n
 
     @cute.jit
-    def count(self, cu_seqlens_q, batch, group, heads_kv, min_q, lane):
+    def count(self, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
         """Work items (tile pairs) of the batch, the same on every lane."""
         w = Int32(0)
         for r0 in range(0, batch, ROUND):
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group, min_q) + 1) // 2
-        return cute.arch.make_warp_uniform(_warp_sum(w) * heads_kv)
+                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, tile_tokens, min_q) + 1) // 2
+        return cute.arch.make_warp_uniform(_warp_sum(w) * heads)
 
     @cute.jit
     def item(self, i, cta, n_ctas):
@@ -377,9 +374,9 @@ class RaggedTiles:
         return snake_order(i, cta, n_ctas)
 
     @cute.jit
-    def locate(self, t, cu_seqlens_q, batch, group, heads_kv, min_q, lane):
-        """(bidx, kv_head, pair, tiles, q_start, s_q) of work item t (< count()), warp-uniform: the item is
-        tiles `tiles - 1 - pair` and `pair` of the sequence's KV head (one tile when they coincide)."""
+    def locate(self, t, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
+        """(bidx, head, pair, tiles, q_start, s_q) of work item t (< count()), warp-uniform: the item is
+        tiles `tiles - 1 - pair` and `pair` of the sequence's head (one tile when they coincide)."""
         seq = Int32(-1)
         first = Int32(0)  # the sequence's first item
         n_seq = Int32(1)  # its tiles per KV head
@@ -388,12 +385,12 @@ class RaggedTiles:
             nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
             mine = Int32(0)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, group, min_q)
-                mine = mine + (nt[i] + 1) // 2 * heads_kv
+                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, tile_tokens, min_q)
+                mine = mine + (nt[i] + 1) // 2 * heads
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                items = (nt[i] + 1) // 2 * heads_kv
+                items = (nt[i] + 1) // 2 * heads
                 if t >= ex and t < ex + items:
                     seq = r0 + SEQS_PER_LANE * lane + i
                     first = ex
@@ -407,11 +404,11 @@ class RaggedTiles:
         n_seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(n_seq, src))
         pairs = (n_seq + 1) // 2
         local = t - first
-        kv_head = local // pairs
-        pair = local - kv_head * pairs
+        head = local // pairs
+        pair = local - head * pairs
         q_start = Int32(0)
         s_q = Int32(0)
         if seq >= 0:
             q_start = cu_seqlens_q[seq]
             s_q = cu_seqlens_q[seq + 1] - q_start
-        return seq, kv_head, pair, n_seq, q_start, s_q
+        return seq, head, pair, n_seq, q_start, s_q

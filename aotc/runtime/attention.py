@@ -103,9 +103,9 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
     if heads_kv == 0 or heads_q % heads_kv:
         raise ArgumentError(f"k_cache.shape[{head_ax}]", heads_kv, f"H_kv dividing H_q = {heads_q}")
     group = heads_q // heads_kv
-    if group == 0 or Q_BOX_ROWS % group:  # group 0 (H_q = 0): no query head to pack, and Q's box needs one
-        raise ArgumentError("H_q / H_kv", group, f"a divisor of {Q_BOX_ROWS}: the kernel packs the query heads of "
-                                                  f"a KV head into {Q_BOX_ROWS}-row tiles")
+    if not 1 <= group <= Q_BOX_ROWS:  # group 0 (H_q = 0): no query head to pack, and Q's box needs one
+        raise ArgumentError("H_q / H_kv", group, f"1 to {Q_BOX_ROWS}: the kernel packs each token's query heads of "
+                                                  f"a KV head into one {Q_BOX_ROWS}-row slab")
     pages_served = sorted(int(x[len("paged"):]) for x in runtime.field_values(FAMILY, "layout", device)
                           if str(x).startswith("paged"))
     if page not in pages_served:
@@ -218,8 +218,8 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
 
 
 def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
-    """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 / group tokens), one
-    GQA-packed 64-row slab; K and V rank 4 over the pool, (D, page, H_kv, pages), one box a page's rows
+    """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 // group tokens), one
+    GQA-packed 64-row slab (its last 64 % group rows left as they are: padding); K and V rank 4 over the pool, (D, page, H_kv, pages), one box a page's rows
     (or a kv block's inside one page)."""
     tma = kernel.artifact.launch.extra["tma"]
     elem = element_bytes(dtype)

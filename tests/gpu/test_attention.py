@@ -37,7 +37,8 @@ MIXED = [(1, 1), (2048, 2048), (1, 17), (4, 4), (0, 50), (2048, 2049), (1, 1000)
          (2048, 2063), (1, 4096), (2048, 32048), (4, 4099)]
 
 # (dtype, D, page, kv_layout, H_q, H_kv, padded): every page size in both layouts, each head dim in both
-# dtypes, GQA 1/4/8; padded: q/out/LSE views into wider buffers and a page table of padded row stride
+# dtypes, GQA 1/4/8 and groups up to 64 that do not divide 64; padded: q/out/LSE views into wider buffers and a
+# page table of padded row stride
 CASES = [
     ("bf16", 128, 16, "NHD", 32, 8, False),
     ("fp16", 128, 32, "HND", 8, 8, True),
@@ -47,6 +48,13 @@ CASES = [
     ("fp16", 64, 128, "NHD", 64, 8, False),
     ("bf16", 256, 16, "NHD", 32, 8, False),  # D256 has page 16 only: its kv block of 80 keys fits no other
     ("fp16", 256, 16, "HND", 8, 8, True),
+    # groups that do not divide the kernel's 64-row slabs (64 // group tokens a slab, the rest padding), and
+    # the widest: Qwen2.5's 40/8 and 28/4, 12/4, 48/1, 64/1 (one token a slab)
+    ("fp16", 64, 32, "HND", 40, 8, True),
+    ("bf16", 128, 16, "NHD", 28, 4, False),
+    ("bf16", 256, 16, "NHD", 12, 4, False),
+    ("bf16", 128, 128, "HND", 48, 1, False),
+    ("fp16", 128, 64, "NHD", 64, 1, True),
 ]
 
 

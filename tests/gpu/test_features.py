@@ -248,8 +248,12 @@ def _paged_variants(rt):
     return vs
 
 
-def _heads(D):
-    return (64, 8) if D == 64 else (16, 4)  # D64: gpt-oss's 64 query heads over 8 KV heads
+def _heads(D, odd_group=False):
+    """D64: gpt-oss's 64 query heads over 8 KV heads; odd_group: a group that does not divide the kernel's 64-row
+    slabs (7 for D64, 5 otherwise: Qwen2.5's 28/4 and 40/8), whose sinks and masks follow each packed row."""
+    if odd_group:
+        return (56, 8) if D == 64 else (20, 4)
+    return (64, 8) if D == 64 else (16, 4)
 
 
 class Mixed:
@@ -309,7 +313,7 @@ def test_attention_mixed_batch(rt, index):
     for n, (dtype, D, layout, causal, combo) in enumerate(_paged_variants(rt)):
         assert causal, f"paged sdpa_prefill_sm90 {dtype} D{D} {layout} [{_features_str(combo)}]: not causal"
         f = settings(combo)[index]
-        H_q, H_kv = _heads(D)
+        H_q, H_kv = _heads(D, odd_group=index == 2)
         kv_layout = ("NHD", "HND")[(n + index) % 2]
         b = Mixed(MIXED, int(layout[len("paged"):]), H_q, H_kv, D, dtype, kv_layout, gen,
                   softcap_amplitude(f.softcap, D ** -0.5, D))
