@@ -20,6 +20,10 @@ settled on it first, the contenders interleaved in rotated order for --rounds ro
   K/V bytes / time) against the decode family on the same pools (rt.decode, q viewed [B, 1, H_q, D]:
   decode_us) and FA3's flash_attn_with_kvcache on dense KV [64, 4096, 8, 128] (fa3_us).
 
+With --fp8, every case also times fp8: the same rt.attention call over the pools quantized to e4m3 (per-head
+scales amax / 448: the kv_dtype fp8_e4m3 kernels), x_fp8 = fp8_us / aotc_us; its error is against the
+unquantized reference, so it holds the quantization's own error.
+
 x_<name> = <name>_us / aotc_us everywhere (above 1: aotc is faster). Every row has an A/A control: a second
 aotc plan on the same inputs, timed in the same rounds (aa_us, x_aa: how far two identical contenders land
 apart). Every contender's output is checked once against torch's math in fp32 (SDPA on each sequence's
@@ -154,6 +158,17 @@ class Pool:
         self.q = torch.randn(self.cu_list[-1], H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
         self.out = torch.empty_like(self.q)
 
+    def fp8(self):
+        """The pools as e4m3 with per-head scales (amax / 448): (k8, v8, k_scale, v_scale)."""
+        import torch
+
+        out = []
+        for x in (self.k, self.v):
+            scale = (x.float().abs().amax(dim=(0, 1, 3)) / 448.0).contiguous()
+            out.append(((x.float() / scale.view(1, 1, -1, 1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale))
+        (k8, ks), (v8, vs) = out
+        return k8, v8, ks, vs
+
     def keys(self, b: int):
         """Sequence b's K and V [s_kv, H_kv, D], gathered through its pages."""
         import torch
@@ -222,8 +237,9 @@ def _first(result):
     return result[0] if isinstance(result, tuple) else result
 
 
-def contenders_of(rt, fa3, case: Case, pool: Pool) -> tuple[dict, dict]:
-    """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, and the case's kind's others."""
+def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[dict, dict]:
+    """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, and the case's kind's others (fp8:
+    the same call over the pools in e4m3)."""
     import torch
 
     cur = torch.cuda.current_stream  # graph_time captures on a stream of its own: launch on the current one
@@ -235,6 +251,16 @@ def contenders_of(rt, fa3, case: Case, pool: Pool) -> tuple[dict, dict]:
     facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None)}
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
            "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}
+    if fp8:
+        k8, v8, ks, vs = pool.fp8()
+        out8 = torch.empty_like(pool.out)
+        try:
+            plan8 = rt.prepare_attention(pool.q, k8, v8, out8, pool.cu, pool.sl, pool.pt, k_descale=ks, v_descale=vs,
+                                         **bounds)
+            facts["fp8_variant"] = plan8.variant.name
+            fns["fp8"] = lambda: (plan8(pool.q, out8, stream=cur()), out8)[1]
+        except Exception as e:  # a bundle without the fp8 kernels: the row says why
+            facts["fp8_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     B = len(case.seqs)
     if case.kind == "chunk":
         kp, vp, cu_kv, max_kv = pool.packed(range(B))
@@ -281,7 +307,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool) -> tuple[dict, dict]:
     return fns, facts
 
 
-def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
+def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush, fp8: bool = False) -> dict:
     """One row: every contender checked once against the reference, then timed in interleaved rounds."""
     import torch
 
@@ -289,7 +315,7 @@ def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush) -> dict:
     row = {"case": case.name, "kind": case.kind, "batch": len(case.seqs), "new_tokens": pool.cu_list[-1],
            "kv_tokens": sum(s_kv for _, s_kv in case.seqs), "flops": attention_flops(case.seqs),
            "kv_bytes": kv_bytes(case.seqs)}
-    fns, facts = contenders_of(rt, fa3, case, pool)
+    fns, facts = contenders_of(rt, fa3, case, pool, fp8)
     row.update(facts)
     for name, fn in list(fns.items()):
         try:
@@ -390,6 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help=f"2 rounds, 300 host calls, without {', '.join(QUICK_SKIPS)}")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5; 2 with --quick)")
     ap.add_argument("--calls", type=int, help="host-cost calls per row (default 3000; 300 with --quick)")
+    ap.add_argument("--fp8", action="store_true", help="time every case over e4m3 pools too (kv_dtype fp8_e4m3)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
     calls = args.calls or (300 if args.quick else 3000)
@@ -409,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick and case.name in QUICK_SKIPS:
             continue
         try:
-            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_)
+            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8)
         except Exception as e:  # e.g. no kernel for the case: the other cases still run
             row = {"case": case.name, "kind": case.kind, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append(row)
@@ -429,14 +456,14 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(rows: list[dict]) -> None:
     nan = float("nan")
     print(f"{'case':<34} {'aotc us':>9} {'rate':>8} {'aa x':>6} {'x dense':>7} {'x 2call':>7} {'x decode':>8} "
-          f"{'x fa3':>6} {'max err':>8}")
+          f"{'x fa3':>6} {'x fp8':>6} {'max err':>8}")
     for r in rows:
         if r["kind"] == "host" or "error" in r:
             continue
         rate = r.get("aotc_tflops", r.get("aotc_TBps", nan))
         print(f"{r['case']:<34} {r.get('aotc_us', nan):>9.1f} {rate:>8.2f} {r.get('x_aa', nan):>6.3f} "
               f"{r.get('x_dense', nan):>7.3f} {r.get('x_two_calls', nan):>7.3f} {r.get('x_decode', nan):>8.3f} "
-              f"{r.get('x_fa3', nan):>6.3f} {r.get('aotc_max_abs_err', nan):>8.1e}")
+              f"{r.get('x_fa3', nan):>6.3f} {r.get('x_fp8', nan):>6.3f} {r.get('aotc_max_abs_err', nan):>8.1e}")
     for r in rows:
         if r["kind"] == "host":
             error = f"  {r['error']}" if "error" in r else ""

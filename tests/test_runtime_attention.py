@@ -38,10 +38,10 @@ class Loaded:
 EVERY_PAGE = Loaded(16, 32, 64, 128)
 
 
-def fake_kernel(head_dim: int, page: int, block_n: int):
+def fake_kernel(head_dim: int, page: int, block_n: int, kv_dtype: str = "bf16"):
     """A loaded kernel as _recipes reads it: the family's recorded TMA recipe for this variant."""
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=f"paged{page}",
-                     causal=True, block_n=block_n)
+                     causal=True, block_n=block_n, kv_dtype=kv_dtype)
     assert get_family("sdpa_prefill_sm90").why_invalid(dict(v.fields)) is None
     launch = SimpleNamespace(extra={"tma": tma_recipe(v, block_n)})
     return SimpleNamespace(variant=v, artifact=SimpleNamespace(launch=launch))
@@ -52,13 +52,13 @@ def pool_shape(kv_layout: str, pages: int, page: int, heads_kv: int, head_dim: i
 
 
 def call(*, total_q=10, heads_q=8, heads_kv=2, head_dim=128, page=16, pages=6, batch=3, max_pages=4,
-         kv_layout="NHD", q_strides=None, k_strides=None, v_strides=None):
+         kv_layout="NHD", q_strides=None, k_strides=None, v_strides=None, kv_dtype="bf16"):
     """check_attention's tensors for a valid call (bf16, packed) but for what a test changes."""
     qs, kv = (total_q, heads_q, head_dim), pool_shape(kv_layout, pages, page, heads_kv, head_dim)
     t = {"q": tensor(BASE, qs, q_strides or packed_strides(qs), "bf16"),
          "out": tensor(BASE + APART, qs, packed_strides(qs), "bf16"),
-         "k_cache": tensor(BASE + 2 * APART, kv, k_strides or packed_strides(kv), "bf16"),
-         "v_cache": tensor(BASE + 3 * APART, kv, v_strides or packed_strides(kv), "bf16")}
+         "k_cache": tensor(BASE + 2 * APART, kv, k_strides or packed_strides(kv), kv_dtype),
+         "v_cache": tensor(BASE + 3 * APART, kv, v_strides or packed_strides(kv), kv_dtype)}
     cuq = tensor(BASE + 4 * APART, (batch + 1,), (1,), "int32")
     sl = tensor(BASE + 5 * APART, (batch,), (1,), "int32")
     pt = tensor(BASE + 6 * APART, (batch, max_pages), (max_pages, 1), "int32")
@@ -93,6 +93,37 @@ def test_recipes_of_nhd_and_hnd_pools_and_gqa_groups(kv_layout, group):
         assert x.strides == (token * 2, head * 2, P * H_kv * D * 2)
         assert x.box == (64, P, 1, 1)  # a page's rows: a kv block of 128 is 8 such boxes
         assert (x.swizzle_bytes, x.l2_promotion_bytes) == (128, 256)
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_fp8_pools_are_whole_e4m3_rows_unswizzled(kv_layout):
+    """An fp8 pool's K/V boxes are a page's rows of D bytes, unswizzled (the kernel's staging rings), byte
+    strides of one byte an element; Q's recipe is the 16-bit one."""
+    H_kv, P, D, pages = 2, 16, 128, 6
+    t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, kv_dtype="fp8_e4m3")
+    r = _recipes(fake_kernel(D, P, 128, "fp8_e4m3"), t, d, "bf16")
+    assert r["q"].dtype == "bf16" and r["q"].box == (64, 4, 16) and r["q"].swizzle_bytes == 128
+    token, head = (H_kv * D, D) if kv_layout == "NHD" else (D, P * D)
+    for name in ("k", "v"):
+        x = r[name]
+        assert x.dtype == "fp8_e4m3" and x.dims == (D, P, H_kv, pages)
+        assert x.strides == (token, head, P * H_kv * D)
+        assert x.box == (D, P, 1, 1) and x.swizzle_bytes == 0
+
+
+def test_fp8_pools_need_16_element_strides():
+    """e4m3 rows are copied 16 bytes at a time: a token stride of 8 elements (8 bytes) is refused."""
+    kv = (6, 16, 2, 136)  # NHD, head dim 128 padded to 136 elements
+    with pytest.raises(ArgumentError, match="k_cache"):
+        check(kv_dtype="fp8_e4m3", k_strides=(16 * 2 * 136, 2 * 136, 136, 1), v_strides=packed_strides(kv))
+
+
+def test_fp8_variants_are_paged_d128_kv_blocks_of_128():
+    fields = {"dtype": "bf16", "causal": True, "kv_dtype": "fp8_e4m3", "arch": "sm_90a"}
+    assert _why_invalid({**fields, "head_dim": 128, "block_n": 128, "layout": "paged16"}) is None
+    assert "for the paged layouts" in _why_invalid({**fields, "head_dim": 128, "block_n": 128, "layout": "ragged"})
+    assert "staging rings" in _why_invalid({**fields, "head_dim": 256, "block_n": 80, "layout": "paged16"})
+    assert "staging rings" in _why_invalid({**fields, "head_dim": 128, "block_n": 176, "layout": "paged16"})
 
 
 @pytest.mark.parametrize("head_dim,block_n,page,rows", [
@@ -206,7 +237,8 @@ def test_list_why_not_explains_the_pruned_page_sizes(tmp_path, capsys):
     assert "1 variants (0 cached), 3 pruned" in out and "layout=paged16" in out
     for page in (32, 64, 128):
         assert (f"pruned sdpa_prefill_sm90 arch=sm_90a dtype=bf16 head_dim=256 layout=paged{page} causal=True "
-                f"block_n=80 window=False softcap=False sinks=False: paged{page}: a kv block of 80 keys is not "
+                f"block_n=80 kv_dtype=bf16 window=False softcap=False sinks=False: paged{page}: a kv block of 80 "
+                "keys is not "
                 "whole pages") in out
     assert main(["list", str(spec), "--why-not", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -228,6 +228,7 @@ def test_the_enum_values_are_cuda_h_s():
         cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     assert tma._DTYPES["fp16"][0] == cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
     assert tma._DTYPES["bf16"][0] == cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    assert tma._DTYPES["fp8_e4m3"][0] == cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8
     for span, name in ((0, "NONE"), (32, "32B"), (64, "64B"), (128, "128B")):
         assert tma._SWIZZLE[span] == getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{name}")
     for size, name in ((0, "NONE"), (64, "L2_64B"), (128, "L2_128B"), (256, "L2_256B")):

@@ -30,8 +30,8 @@ def test_every_attention_family_has_the_three_fields_and_parameters(family):
         f = fam.field(name)
         assert f.choices == (False, True) and f.unlisted == (False,)
     v = SimpleNamespace()  # the attention families' parameter lists do not depend on the variant
-    # (sdpa_decode's end with the fp8 KV scales after them, aotc.families.kv_dtype)
-    params = fam.params(v)[:-3] if family == "sdpa_decode" else fam.params(v)
+    # (sdpa_decode's and sdpa_prefill_sm90's end with the fp8 KV scales after them, aotc.families.kv_dtype)
+    params = fam.params(v)[:-3] if family in ("sdpa_decode", "sdpa_prefill_sm90") else fam.params(v)
     assert params[-3:] == FEATURE_PARAMS
     assert [p.name for p in FEATURE_PARAMS] == ["sinks", "window_left", "softcap"]
 

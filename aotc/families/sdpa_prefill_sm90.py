@@ -49,6 +49,7 @@ from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
+from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
 from .sdpa_prefill import ATTENTION_FIELDS
 
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
@@ -69,7 +70,9 @@ STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves bes
 @dataclass(frozen=True)
 class Tile:
     """block_m query rows per CTA (block_m / 64 consumer warpgroups of 64 rows, and one producer
-    warpgroup), kv blocks of block_n keys in a `stages`-deep ring, ping-pong of the consumers' GEMM issue."""
+    warpgroup), kv blocks of block_n keys in a `stages`-deep ring, ping-pong of the consumers' GEMM issue.
+    fp8 KV (kv_fp8): the ring's K and V tiles are fp16, converted from e4m3 staging tiles (a second ring of
+    stages x block_n x D bytes each, filled by TMA) by the producer warpgroup's other warps."""
 
     block_m: int
     block_n: int
@@ -85,17 +88,23 @@ class Tile:
         """Threads per CTA: the producer warpgroup and the consumer warpgroups."""
         return WARPGROUP * (1 + self.consumer_warpgroups)
 
-    def separate_o(self, head_dim: int) -> bool:
+    def staging_bytes(self, head_dim: int, kv_fp8: bool) -> int:
+        """fp8 KV: the e4m3 staging rings of K and V (stages x block_n x D bytes each); 0 otherwise."""
+        return 2 * self.stages * self.block_n * head_dim if kv_fp8 else 0
+
+    def separate_o(self, head_dim: int, kv_fp8: bool = False) -> bool:
         """Whether an O staging tile fits beside Q and the K/V ring (else O is staged in Q's tile,
         and the next tile's Q waits for the epilogue)."""
         return (BARRIER_BYTES + (2 * self.block_m * head_dim + 2 * self.stages * self.block_n * head_dim) * 2
-                <= SMEM_LIMIT - STATIC_SMEM)
+                + self.staging_bytes(head_dim, kv_fp8) <= SMEM_LIMIT - STATIC_SMEM)
 
-    def smem_bytes(self, head_dim: int) -> int:
-        """Q (block_m x D) [+ O staging] + K and V rings (stages x block_n x D) of 2-byte elements + mbarriers."""
-        tiles = (self.block_m * head_dim * (2 if self.separate_o(head_dim) else 1)
+    def smem_bytes(self, head_dim: int, kv_fp8: bool = False) -> int:
+        """Q (block_m x D) [+ O staging] + K and V rings (stages x block_n x D) of 2-byte elements [+ the e4m3
+        staging rings] + mbarriers."""
+        tiles = (self.block_m * head_dim * (2 if self.separate_o(head_dim, kv_fp8) else 1)
                  + 2 * self.stages * self.block_n * head_dim)
-        return BARRIER_BYTES + tiles * 2
+        return BARRIER_BYTES + tiles * 2 + self.staging_bytes(head_dim, kv_fp8)
+
 
 
 # (head dim, block_n) -> tile. Chosen by measurement on the H200 (benchmarks/tuners/tune_prefill_sm90.py,
@@ -136,7 +145,8 @@ def tile(head_dim: int, block_n: int) -> Tile:
 
 
 # Q/K/V as TMA descriptors (their tensors 16-byte aligned), O 16 (128-bit stores), LSE, cu_seqlens, the
-# page table and seqlens_kv 4 (the last two are read by paged variants only: 0 for the others)
+# page table and seqlens_kv 4 (the last two are read by paged variants only: 0 for the others); the fp8 KV
+# scales last (read by kv_dtype fp8_e4m3 variants only: 0 for the others)
 PARAMS: tuple[Param, ...] = (
     Param("tma_q", "tensormap", 16), Param("tma_k", "tensormap", 16), Param("tma_v", "tensormap", 16),
     ptr("o", 16), ptr("lse", 4), ptr("cu_seqlens_q", 4), ptr("cu_seqlens_kv", 4),
@@ -146,9 +156,15 @@ PARAMS: tuple[Param, ...] = (
     *scalars("i64", "o_stride_b", "o_stride_s", "o_stride_h", "lse_stride_b", "lse_stride_h", "lse_stride_s",
              "pt_stride_b", "pt_stride_p"),
     *FEATURE_PARAMS,
+    *kv_scale_params("descale"),
 )
 
 ARCHS = ("sm_90a",)
+# fp8 KV: the conversion warps of the producer warpgroup need registers the D64 tile's three consumer
+# warpgroups leave no room for (32 a thread), and D256's and D128-176's rings leave no shared memory for the
+# staging rings: D128 at kv blocks of 128 (the default spec's fp8 variant, vLLM's bf16 queries over an fp8
+# cache of page 16)
+FP8_TILES = ((128, 128),)
 
 
 def _why_invalid(values: dict) -> str | None:
@@ -159,13 +175,27 @@ def _why_invalid(values: dict) -> str | None:
     if layout.startswith("paged") and not page_fits(int(layout[len("paged"):]), values["block_n"]):
         return (f"{layout}: a kv block of {values['block_n']} keys is not whole pages, nor inside one page "
                 f"(page and block_n must divide one another)")
-    return None
+    reason = why_invalid_kv_dtype(values)
+    if reason is None and values.get("kv_dtype") == FP8:
+        if not layout.startswith("paged"):
+            return f"kv_dtype {FP8} is for the paged layouts (an fp8 KV cache), not {layout}"
+        if (values["head_dim"], values["block_n"]) not in FP8_TILES:
+            return (f"kv_dtype {FP8}: no tile of head_dim {values['head_dim']} and block_n {values['block_n']} has room "
+                    f"for the e4m3 staging rings and their conversion warps (served: {list(FP8_TILES)})")
+    return reason
+
+
+def kv_fp8(variant: Variant) -> bool:
+    return variant.get("kv_dtype") == FP8
 
 
 def tma_recipe(variant: Variant, block_n: int) -> dict:
-    """How the runtime encodes the three descriptors (plain data, recorded in the bundle)."""
+    """How the runtime encodes the three descriptors (plain data, recorded in the bundle). fp8 KV: K and V boxes
+    are whole e4m3 rows (D bytes), unswizzled, into the staging rings (kv_box_cols, kv_swizzle_bytes; a record
+    without them: box_cols and swizzle_bytes, as Q's)."""
     page = page_size(variant)
     kv_rows = min(page, block_n) if page else block_n
+    fp8 = {"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": 0} if kv_fp8(variant) else {}
     return {
         # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages)
         "rank": 3 if variant["layout"] != "dense" else 4,
@@ -173,6 +203,7 @@ def tma_recipe(variant: Variant, block_n: int) -> dict:
         "box_cols": TMA_BOX_COLS,
         "box_rows": {"q": Q_BOX_ROWS, "k": kv_rows, "v": kv_rows},
         "swizzle_bytes": 128,
+        **fp8,
         "l2_promotion_bytes": 256,
         "oob_fill": "zero",
     }
@@ -182,7 +213,7 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     t = t or tile(variant["head_dim"], variant["block_n"])
     return LaunchFacts(
         block=(t.threads, 1, 1),
-        dynamic_smem=t.smem_bytes(variant["head_dim"]),
+        dynamic_smem=t.smem_bytes(variant["head_dim"], kv_fp8(variant)),
         grid_rule=("persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1); ragged and "
                    "paged: the tiles enumerated from the device-side lengths; paged: (SMs, 1, 1)"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
@@ -199,6 +230,7 @@ FAMILY = register(Family(
                  Field("layout", LAYOUTS, f.doc + "; pagedP: ragged Q over paged K/V pools of page size P")
                  for f in ATTENTION_FIELDS) + (
         Field("block_n", BLOCK_N, "keys per kv block (the tile table pairs each head dim with its tuned widths)"),
+        KV_DTYPE_FIELD,
     ) + FEATURE_FIELDS,
     why_invalid=chain(_why_invalid, why_invalid_features),
     params=lambda v: PARAMS,

@@ -57,10 +57,11 @@ from cutlass.experimental import primitives as prims
 from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, create_tensor_map_tiled
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS, REGISTERS, TMA_BOX_COLS,
-                                          WARPGROUP, Tile, launch_facts, page_fits, page_size)
+from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS, REGISTERS,
+                                          TMA_BOX_COLS, WARPGROUP, Tile, kv_fp8, launch_facts, page_fits, page_size)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
 from .hopper import acc_mn_view, acc_to_a_operand, gemm, smem_layout, store_converted_pairs
 from .mask import (kv_block_range, kv_blocks_for_queries, kv_loop_segments, mask_columns, mask_columns_between, mask_row,
                    score_limits)
@@ -118,7 +119,16 @@ class SdpaPrefillSm90:
         self.tile = t = tile or family_tile(D, int(variant["block_n"]))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
         self.chunks = D // TMA_BOX_COLS
-        self.sep_o = t.separate_o(D)
+        # fp8 KV (aotc.families.kv_dtype): TMA brings e4m3 pages into staging rings, the producer warpgroup's
+        # warps 1..3 convert them to fp16 tiles of the K/V rings (convert_block), the GEMMs run in fp16 (Q
+        # rewritten as fp16 times a power of two per warpgroup and tile: q_to_f16), the K scale goes into the
+        # softmax scale and the V scale into O
+        self.fp8 = kv_fp8(variant)
+        if self.fp8 and (not self.paged or (D, t.block_n) not in FP8_TILES):
+            raise ValueError(f"{variant.name}: fp8 KV is served by the paged layouts at (head_dim, block_n) in "
+                             f"{list(FP8_TILES)}")
+        self.mma_dtype = cutlass.Float16 if self.fp8 else dtype
+        self.sep_o = t.separate_o(D, self.fp8)
         self.n_wg_rows = n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
         self.n_wg = n_wg = t.consumer_warpgroups
         if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
@@ -129,7 +139,7 @@ class SdpaPrefillSm90:
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.p_whole = (D, bn) in _P_CONVERTED_WHOLE
-        self.kv_tx = bn * D * elem_bytes
+        self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
         if self.paged:
             if not page_fits(self.page, bn) or self.page & (self.page - 1):
@@ -140,6 +150,7 @@ class SdpaPrefillSm90:
         if self.ragged:
             self.ragged_tiles = RaggedTiles()
         sep_o = self.sep_o
+        staging = stages * bn * D if self.fp8 else 0
 
         @cute.struct
         class SharedStorage:
@@ -148,10 +159,12 @@ class SdpaPrefillSm90:
             sK: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, stages * bn * D], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[dtype, bm * D if sep_o else 0], 1024]
+            sK8: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, staging], 1024]
+            sV8: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, staging], 1024]
 
         self.smem_size = SharedStorage.size_in_bytes()
-        if self.smem_size != t.smem_bytes(D):
-            raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {t.smem_bytes(D)}")
+        if self.smem_size != t.smem_bytes(D, self.fp8):
+            raise RuntimeError(f"shared storage is {self.smem_size} bytes, the tile says {t.smem_bytes(D, self.fp8)}")
         self.SharedStorage = SharedStorage
         # named barriers: 1 .. n_wg are the consumer warpgroups' epilogue barriers, SCHED + w the "may
         # issue GEMMs" barrier of warpgroup w (ping-pong)
@@ -163,9 +176,10 @@ class SdpaPrefillSm90:
 
     def pointee_types(self) -> dict:
         # the host function takes Q, K and V as pointers (it builds stand-in descriptors from them)
-        return {"tma_q": self.dtype, "tma_k": self.dtype, "tma_v": self.dtype, "o": self.dtype, "lse": Float32,
+        kv = cutlass.Uint8 if self.fp8 else self.dtype
+        return {"tma_q": self.dtype, "tma_k": kv, "tma_v": kv, "o": self.dtype, "lse": Float32,
                 "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32,
-                "sinks": Float32}
+                "sinks": Float32, "k_descale": Float32, "v_descale": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -185,6 +199,22 @@ class SdpaPrefillSm90:
 
     def v_empty(self, s):
         return 2 + 3 * self.stages + s
+
+    # fp8 KV: the staging rings' barriers (TMA fills, the conversion warps empty)
+    def k8_full(self, s):
+        return 2 + 4 * self.stages + s
+
+    def k8_empty(self, s):
+        return 2 + 5 * self.stages + s
+
+    def v8_full(self, s):
+        return 2 + 6 * self.stages + s
+
+    def v8_empty(self, s):
+        return 2 + 7 * self.stages + s
+
+    CONVERT_WARPS = 3  # fp8 KV: producer warps 1..3 convert the staging tiles
+    SCRATCH_BYTES = 512  # fp8 KV: q_to_f16's per-warp maxima, in the barrier block past the mbarriers
 
     def ring(self, g):
         """(stage, phase) of the g-th kv block through the ring (g counts across tiles)."""
@@ -274,7 +304,8 @@ class SdpaPrefillSm90:
     @cute.jit
     def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
         """K or V of kv block n from its pages (pg: page_id() of each lane), box j into rows
-        [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues."""
+        [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues. fp8 KV: into the staging
+        ring, one box of whole e4m3 rows (D bytes, unswizzled) a page."""
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
@@ -285,10 +316,15 @@ class SdpaPrefillSm90:
         for j in cutlass.range_constexpr(self.kv_boxes):
             page = cute.arch.shuffle_sync(pg, j)
             with cute.arch.elect_one():
-                for c in cutlass.range_constexpr(self.chunks):
+                if cutlass.const_expr(self.fp8):
                     prims.cp_async_bulk_tensor_shared_cta_global(
-                        base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS + j * self.kv_rows * TMA_BOX_COLS),
-                        tma.get_ptr(), [c * TMA_BOX_COLS, row, kv_head, page], bars + full(stage))
+                        base + (stage * self.bn * self.D + j * self.kv_rows * self.D), tma.get_ptr(),
+                        [0, row, kv_head, page], bars + full(stage))
+                else:
+                    for c in cutlass.range_constexpr(self.chunks):
+                        prims.cp_async_bulk_tensor_shared_cta_global(
+                            base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS + j * self.kv_rows * TMA_BOX_COLS),
+                            tma.get_ptr(), [c * TMA_BOX_COLS, row, kv_head, page], bars + full(stage))
 
     @cute.jit
     def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):
@@ -300,10 +336,15 @@ class SdpaPrefillSm90:
         sQ = storage.sQ.data_ptr()
         sK = storage.sK.data_ptr()
         sV = storage.sV.data_ptr()
+        k_full, k_empty, v_full, v_empty = self.k_full, self.k_empty, self.v_full, self.v_empty
+        if cutlass.const_expr(self.fp8):  # into the staging rings, which the conversion warps empty
+            sK = storage.sK8.data_ptr()
+            sV = storage.sV8.data_ptr()
+            k_full, k_empty, v_full, v_empty = self.k8_full, self.k8_empty, self.v8_full, self.v8_empty
         lane = cute.arch.lane_idx()
         pg = self.page_id(ctx, n_max - 1, lane)
         if n_max > 0:
-            self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
         cute.arch.mbarrier_wait(bars + self.Q_EMPTY, (q_count & 1) ^ 1)
         with cute.arch.elect_one():
             tokens = ctx.slab_tokens  # tokens of one warpgroup's slab: its first tokens * group rows
@@ -316,11 +357,59 @@ class SdpaPrefillSm90:
                         [c * TMA_BOX_COLS, ctx.kv_head * ctx.group, ctx.q_start + (m_block * self.n_wg + w) * tokens],
                         bars + self.Q_FULL)
         if n_max > 0:
-            self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_v, sV, v_full, v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
         for t in cutlass.range(1, n_iter, unroll=1):
             pg = self.page_id(ctx, n_max - 1 - t, lane)
-            self.load_kv_paged(tma_k, sK, self.k_full, self.k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
-            self.load_kv_paged(tma_v, sV, self.v_full, self.v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+
+    @cute.jit
+    def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
+        """fp8 KV, conversion warps (ctid 0 .. 95): K (or V) of ring position g from its e4m3 staging tile to the
+        fp16 tile the GEMMs read (cvt.rn.f16x2.e4m3x2, exact), rows from valid_rows on (past the sequence's end:
+        stale pool slots, NaN included) as zeros. A staging row is D bytes; a 16-byte unit of it (16 values)
+        becomes two 16-byte units of the 128-byte-swizzled K-major tile (unit u of row r at u ^ (r % 8)). Waits
+        for the staging tile and for the consumers to free the fp16 stage; fences the writes for wgmma's async
+        proxy, then each warp arrives on the stage's full barrier and on the staging tile's empty one."""
+        bars = storage.bars.data_ptr()
+        src_base = storage.sK8.data_ptr()
+        dst_base = storage.sK.data_ptr()
+        full8, empty8, full, empty = self.k8_full, self.k8_empty, self.k_full, self.k_empty
+        if cutlass.const_expr(is_v):
+            src_base = storage.sV8.data_ptr()
+            dst_base = storage.sV.data_ptr()
+            full8, empty8, full, empty = self.v8_full, self.v8_empty, self.v_full, self.v_empty
+        stage, phase = self.ring(g)
+        cute.arch.mbarrier_wait(bars + full8(stage), phase)
+        cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
+        src32 = cute.recast_ptr(src_base, dtype=Int32)
+        dst32 = cute.recast_ptr(dst_base, dtype=Int32)
+        row_units = self.D // 16
+        words = cute.make_rmem_tensor((4,), Int32)
+        out = cute.make_rmem_tensor((8,), Int32)
+        for u in cutlass.range(ctid, self.bn * row_units, self.CONVERT_WARPS * 32, unroll=1):
+            r = u // row_units
+            col = (u - r * row_units) * 16
+            words.store(cute.make_tensor(src32 + cute.assume((stage * self.bn * self.D + u * 16) // 4, divby=4),
+                                         cute.make_layout(4)).load())
+            for w in cutlass.range_constexpr(4):
+                lo, hi = e4m3x4_to_f16x2x2(words[w])
+                out[2 * w] = lo
+                out[2 * w + 1] = hi
+            if r >= valid_rows:
+                out.fill(0)
+            # the tile's 64-column chunk, its row (128 bytes), the swizzled 16-byte units of columns col .. col+15
+            row_bytes = stage * self.bn * self.D * 2 + (col // TMA_BOX_COLS) * self.bn * 128 + r * 128
+            unit = (col % TMA_BOX_COLS) // 8
+            for h in cutlass.range_constexpr(2):
+                off = row_bytes + ((unit + h) ^ (r % 8)) * 16
+                cute.make_tensor(dst32 + cute.assume(off // 4, divby=4), cute.make_layout(4)).store(
+                    cute.make_tensor(out.iterator + 4 * h, cute.make_layout(4)).load())
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_warp()
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(bars + full(stage))
+            cute.arch.mbarrier_arrive(bars + empty8(stage))
 
     @cute.jit
     def producer_tile(self, tma_q, tma_k, tma_v, storage, q_row0, kv_row0, head, kv_head, bidx, m_block, n_max,
@@ -422,10 +511,50 @@ class SdpaPrefillSm90:
         return tok, ctx.kv_head * ctx.group + local - t * ctx.group
 
     @cute.jit
+    def q_to_f16(self, ctx, wg_index):
+        """fp8 KV with bf16 queries: rewrite this warpgroup's Q slab in place as fp16 times 2^-e, e = floor(log2(
+        max |q|)) - 13 over the slab's packed rows (the largest scaled |q| in [2^13, 2^14): fp16 holds every bf16
+        query to its full precision but for values 2^27 below the largest); returns 2^e, which the softmax scale
+        takes. Each thread rewrites the 16-byte units it read (a unit is 8 values of one row, whatever the
+        swizzle); the warps' maxima meet in the barrier block's scratch."""
+        per_thread = self.n_wg_rows * self.D // VEC // _WG
+        slab = cute.recast_ptr(ctx.sQ_ptr + wg_index * self.n_wg_rows * self.D, dtype=self.dtype)
+        slab16 = cute.recast_ptr(slab, dtype=cutlass.Float16)
+        x = cute.make_rmem_tensor((VEC, per_thread), Float32)
+        m = Float32(0.0)
+        for k in cutlass.range_constexpr(per_thread):
+            u = ctx.wg_tid + k * _WG
+            v = cute.make_rmem_tensor((VEC,), self.dtype)
+            v.store(cute.make_tensor(slab + cute.assume(u * VEC, divby=VEC), cute.make_layout(VEC)).load())
+            x[None, k].store(v.load().to(Float32))
+            # 64-column chunks of 64 rows x 8 units: the unit's row; rows past the packed ones hold anything
+            if (u % (self.n_wg_rows * 8)) // 8 < ctx.slab_tokens * ctx.group:
+                for i in cutlass.range_constexpr(VEC):
+                    m = cute.arch.fmax(m, cute.arch.fmax(x[i, k], -x[i, k]))
+        for off in (16, 8, 4, 2, 1):
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=off, mask=-1, mask_and_clamp=31))
+        red = cute.recast_ptr(ctx.bars + self.SCRATCH_BYTES // 8, dtype=Float32) + wg_index * 4
+        if ctx.lane == 0:
+            red[ctx.wg_tid // 32] = m
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
+        for w in cutlass.range_constexpr(4):
+            m = cute.arch.fmax(m, red[w])
+        e = cutlass.max(cutlass.min(exponent_of(m) - 13, Int32(120)), Int32(-120))  # (m = 0: -120)
+        x.store(x.load() * pow2(-e))
+        for k in cutlass.range_constexpr(per_thread):
+            u = ctx.wg_tid + k * _WG
+            h = cute.make_rmem_tensor((VEC,), cutlass.Float16)
+            h.store(x[None, k].load().to(cutlass.Float16))
+            cute.make_tensor(slab16 + cute.assume(u * VEC, divby=VEC), cute.make_layout(VEC)).store(h.load())
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
+        return pow2(e)
+
+    @cute.jit
     def store_p(self, ctx, acc_S):
         """P (the softmax'd S tile) to fp16/bf16 into the PV GEMM's A-operand registers."""
         if cutlass.const_expr(self.p_whole):
-            ctx.rP.store(acc_S.load().to(self.dtype))
+            ctx.rP.store(acc_S.load().to(self.mma_dtype))
         else:
             store_converted_pairs(ctx.rP, acc_S)
 
@@ -505,6 +634,8 @@ class SdpaPrefillSm90:
                     sink_log2[r] = ctx.sinks[head] * Float32(LOG2_E)
                 else:
                     sink_log2[r] = ctx.sinks[ctx.head] * Float32(LOG2_E)
+        if cutlass.const_expr(self.fp8):  # O over v_fp8: times the V scale
+            acc_O.store(acc_O.load() * ctx.v_scale)
         normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -573,10 +704,20 @@ class SdpaPrefillSm90:
         tile.row_max.fill(NEG_INF)
         tile.row_sum.fill(0.0)
         cute.arch.mbarrier_wait(tile.bars + self.Q_FULL, q_count & 1)
+        if cutlass.const_expr(self.fp8):
+            # the GEMMs run in fp16: bf16 queries rewritten as fp16 times 2^-e; the K scale and 2^e into the scores
+            q_scale = Float32(1.0)
+            if cutlass.const_expr(self.dtype != cutlass.Float16):
+                q_scale = self.q_to_f16(tile, wg_index)
+            score = ScoreScale(tile.softmax_scale * tile.k_scale * q_scale, tile.softcap_value, self.softcap)
+            tile.scale_log2 = score.scale_log2
+            tile.cap_in = score.cap_in
         padding = False
         if cutlass.const_expr(self.paged):
-            if n_max > 0 and tile.s_kv < n_max * self.bn:
-                self.zero_v_tail(tile, wg_index, n_max, g0)
+            # (fp8 KV: the conversion warps wrote those rows as zeros)
+            if cutlass.const_expr(not self.fp8):
+                if n_max > 0 and tile.s_kv < n_max * self.bn:
+                    self.zero_v_tail(tile, wg_index, n_max, g0)
             # GQA-packed: a short tile's last warpgroups may hold no real row
             padding = tile.tok0 >= tile.s_q
         if padding:
@@ -657,6 +798,7 @@ class SdpaPrefillSm90:
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -672,11 +814,18 @@ class SdpaPrefillSm90:
             with cute.arch.elect_one():
                 cute.arch.mbarrier_init(bars + self.Q_FULL, 1)
                 cute.arch.mbarrier_init(bars + self.Q_EMPTY, self.consumer_warps)
+                # fp8 KV: the fp16 stages fill by the conversion warps' arrives, the staging tiles by TMA
+                fill = self.CONVERT_WARPS if self.fp8 else 1
                 for s in cutlass.range_constexpr(self.stages):
-                    cute.arch.mbarrier_init(bars + self.k_full(s), 1)
-                    cute.arch.mbarrier_init(bars + self.v_full(s), 1)
+                    cute.arch.mbarrier_init(bars + self.k_full(s), fill)
+                    cute.arch.mbarrier_init(bars + self.v_full(s), fill)
                     cute.arch.mbarrier_init(bars + self.k_empty(s), self.consumer_warps)
                     cute.arch.mbarrier_init(bars + self.v_empty(s), self.consumer_warps)
+                    if cutlass.const_expr(self.fp8):
+                        cute.arch.mbarrier_init(bars + self.k8_full(s), 1)
+                        cute.arch.mbarrier_init(bars + self.v8_full(s), 1)
+                        cute.arch.mbarrier_init(bars + self.k8_empty(s), self.CONVERT_WARPS)
+                        cute.arch.mbarrier_init(bars + self.v8_empty(s), self.CONVERT_WARPS)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -721,6 +870,19 @@ class SdpaPrefillSm90:
                                                 q_count)
                             g0 = g0 + (n_max - n_min)
                             q_count = q_count + 1
+                if cutlass.const_expr(self.fp8):
+                    if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
+                        g0 = Int32(0)
+                        for i in cutlass.range(rounds, unroll=1):
+                            valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
+                                i, tidx % 32, *paged_args)
+                            n_min, n_max, _, _ = kv_range
+                            if valid != 0:
+                                for t in cutlass.range(n_max - n_min, unroll=1):
+                                    valid_rows = s_kv - (n_max - 1 - t) * self.bn
+                                    self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
+                                    self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
+                                g0 = g0 + (n_max - n_min)
             elif cutlass.const_expr(self.ragged):
                 if warp_idx == 0:  # the work-item scan is warp-wide; one lane issues
                     g0 = Int32(0)
@@ -757,18 +919,19 @@ class SdpaPrefillSm90:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             wg_index = wg - 1
             wg_tid = tidx % _WG
+            mt = self.mma_dtype  # the queries' dtype; fp16 over an fp8 cache
             mma_qk = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+                mt, mt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(self.n_wg_rows, self.bn))
             mma_pv = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
+                mt, mt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN, Float32,
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(self.n_wg_rows, self.D), a_source=warpgroup.OperandSource.RMEM)
             # the swizzle goes into the pointer (wgmma wants affine layouts)
-            lq = smem_layout(self.dtype, self.n_wg_rows, self.D, self.n_wg)  # (64, D, warpgroup)
-            lkv = smem_layout(self.dtype, self.bn, self.D, self.stages)   # (bn, D, stage)
-            sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner)
-            sK = storage.sK.get_tensor(lkv.outer, swizzle=lkv.inner)
-            sV = storage.sV.get_tensor(lkv.outer, swizzle=lkv.inner)
+            lq = smem_layout(mt, self.n_wg_rows, self.D, self.n_wg)  # (64, D, warpgroup)
+            lkv = smem_layout(mt, self.bn, self.D, self.stages)   # (bn, D, stage)
+            sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner, dtype=mt)
+            sK = storage.sK.get_tensor(lkv.outer, swizzle=lkv.inner, dtype=mt)
+            sV = storage.sV.get_tensor(lkv.outer, swizzle=lkv.inner, dtype=mt)
             # V^T (D, bn, stage): the same bytes read MN-major
             sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
             thr_qk = mma_qk.get_slice(wg_tid)
@@ -783,7 +946,7 @@ class SdpaPrefillSm90:
             ctx.mma_pv = mma_pv
             ctx.thr_qk = thr_qk
             sQ_wg = sQ[None, None, wg_index]
-            ctx.sO_wg = sQ_wg
+            ctx.sO_wg = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner)[None, None, wg_index]  # O in the output dtype
             if cutlass.const_expr(self.sep_o):
                 ctx.sO_wg = storage.sO.get_tensor(lq.outer, swizzle=lq.inner)[None, None, wg_index]
             ctx.tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ_wg))
@@ -800,7 +963,7 @@ class SdpaPrefillSm90:
             ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
             ctx.alpha = cute.make_rmem_tensor((n_rows,), Float32)
             # P (fp16/bf16) in the A-operand layout of the PV GEMM, carried across iterations
-            ctx.rP = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.n_wg_rows, self.bn)), self.dtype)
+            ctx.rP = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.n_wg_rows, self.bn)), mt)
             ctx.tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
             score = ScoreScale(softmax_scale, softcap, self.softcap)
             ctx.scale_log2 = score.scale_log2
@@ -812,6 +975,9 @@ class SdpaPrefillSm90:
             ctx.o_ss = o_stride_s
             ctx.lse_ss = lse_stride_s
             ctx.sV_ptr = storage.sV.data_ptr()
+            ctx.sQ_ptr = storage.sQ.data_ptr()
+            ctx.softmax_scale = softmax_scale
+            ctx.softcap_value = softcap
 
             if cutlass.const_expr(self.pingpong):
                 if wg_index == 0:  # the first consumer warpgroup issues first
@@ -836,6 +1002,9 @@ class SdpaPrefillSm90:
                         tile.q_start = q_start
                         tile.kv_head = kv_head
                         tile.tok0 = (m_block * self.n_wg + wg_index) * slab_tokens  # the slab's first query token
+                        if cutlass.const_expr(self.fp8):  # the KV head's scales (descale_stride_h 0: one for all)
+                            tile.k_scale = k_descale[kv_head * descale_stride_h]
+                            tile.v_scale = v_descale[kv_head * descale_stride_h]
                         # each row's exclusive key limit (and, windowed, its first key), from its query token
                         row_lim = cute.make_rmem_tensor((n_rows,), Int32)
                         row_lo = cute.make_rmem_tensor((n_rows,), Int32)
@@ -897,26 +1066,30 @@ class SdpaPrefillSm90:
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
-        def desc(ptr, rows, rank):
+        def desc(ptr, rows, rank, kv=False):
+            fp8 = kv and self.fp8  # whole e4m3 rows, unswizzled (the staging rings)
+            elem_bytes = 1 if fp8 else self.elem_bytes
             dims = [self.D, seqlen_q, heads_q, batch][:rank]
-            strides = [heads_q * self.D * self.elem_bytes // 16, self.D * self.elem_bytes // 16,
-                       seqlen_q * heads_q * self.D * self.elem_bytes // 16][:rank - 1]
+            strides = [heads_q * self.D * elem_bytes // 16, self.D * elem_bytes // 16,
+                       seqlen_q * heads_q * self.D * elem_bytes // 16][:rank - 1]
             return create_tensor_map_tiled(
-                ptr.toint(), self.dtype, dims, strides, [TMA_BOX_COLS, rows] + [1] * (rank - 2),
-                swizzle=TensorMapSwizzle.s128b)
+                ptr.toint(), cutlass.Uint8 if fp8 else self.dtype, dims, strides,
+                [self.D if fp8 else TMA_BOX_COLS, rows] + [1] * (rank - 2),
+                swizzle=TensorMapSwizzle.none if fp8 else TensorMapSwizzle.s128b)
 
         q_rank = 3 if self.ragged else 4
         kv_rank = 4 if self.paged or not self.ragged else 3  # paged: (D, page, H_kv, pages)
         kv_rows = self.kv_rows if self.paged else self.bn
         self.sdpa_prefill_sm90_kernel(
-            desc(tma_q, Q_BOX_ROWS, q_rank), desc(tma_k, kv_rows, kv_rank), desc(tma_v, kv_rows, kv_rank),
+            desc(tma_q, Q_BOX_ROWS, q_rank), desc(tma_k, kv_rows, kv_rank, True), desc(tma_v, kv_rows, kv_rank, True),
             o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
-            sinks, window_left, softcap,
+            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

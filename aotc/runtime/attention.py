@@ -49,6 +49,7 @@ from .driver import multiprocessor_count
 from .dlpack import torch_layouts
 from .features import check_features, feature_scalars, missing_kernel
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
+from .kv_scales import check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .prefill import LONG_KV, hopper_candidates
 from .tensors import TensorArg, as_output, as_stream, as_tensor
@@ -82,8 +83,8 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
     """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one."""
     q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
     V.dtype(q, "q", DTYPES)
-    for name in ("k_cache", "v_cache", "out"):
-        V.dtype(t[name], name, (q.dtype,))
+    V.dtype(o, "out", (q.dtype,))
+    check_kv_dtypes(k, v, q.dtype)  # q's dtype, or fp8_e4m3 (its scales: check_kv_scales)
     V.ndim(q, "q", 3, "total_q, H_q, D")
     V.ndim(o, "out", 3, "total_q, H_q, D")
     total_q, heads_q, head_dim = q.shape
@@ -134,7 +135,7 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
         x = t[name]
         V.unit_stride(x, name, 3 if name in ("k_cache", "v_cache") else 2)
         V.aligned(x, name, 16)
-        V.stride_multiple(x, name, range(len(x.shape) - 1), 8)
+        V.stride_multiple(x, name, range(len(x.shape) - 1), kv_stride_multiple(x.dtype))
     # a plan serves other token counts with these strides: the token stride must suit any count
     for name in ("q", "out"):
         x = t[name]
@@ -219,10 +220,13 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
 
 def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 // group tokens), one
-    GQA-packed 64-row slab (its last 64 % group rows left as they are: padding); K and V rank 4 over the pool, (D, page, H_kv, pages), one box a page's rows
-    (or a kv block's inside one page)."""
+    GQA-packed 64-row slab (its last 64 % group rows left as they are: padding); K and V rank 4 over the pool,
+    (D, page, H_kv, pages), one box a page's rows (or a kv block's inside one page); an fp8 pool's boxes are
+    whole e4m3 rows, unswizzled (the recipe's kv_box_cols and kv_swizzle_bytes)."""
     tma = kernel.artifact.launch.extra["tma"]
     elem = element_bytes(dtype)
+    kv_dtype = t["k_cache"].dtype
+    kv_elem = element_bytes(kv_dtype)
     group = d.heads_q // d.heads_kv
     q = t["q"]
     # the token stride is q's own whatever the count (a plan serves later counts with it: checked by
@@ -234,10 +238,10 @@ def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
         page_s, tok_s, head_s = strides
         recipes[name] = TiledRecipe(
-            dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
-            _byte_strides(elem, (tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages)),
-            (int(tma["box_cols"]), int(tma["box_rows"][name]), 1, 1),
-            int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))
+            kv_dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
+            _byte_strides(kv_elem, (tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages)),
+            (int(tma.get("kv_box_cols", tma["box_cols"])), int(tma["box_rows"][name]), 1, 1),
+            int(tma.get("kv_swizzle_bytes", tma["swizzle_bytes"])), int(tma["l2_promotion_bytes"]))
     for name, r in recipes.items():
         r.check({"q": "q", "k": "k_cache", "v": "v_cache"}[name])
     return recipes
@@ -269,9 +273,11 @@ class AttentionPlan(Plan):
     def __init__(self, runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *,
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                  max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
-                 window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None):
+                 window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None,
+                 k_descale=None, v_descale=None):
         """workspace: the decode rows' split workspace (DecodePlan's: a caller's buffer; None: room in the
-        device's arena, aotc.runtime.workspace)."""
+        device's arena, aotc.runtime.workspace). k_descale, v_descale: an fp8_e4m3 cache's scales
+        (aotc.runtime.kv_scales)."""
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_output(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -299,9 +305,12 @@ class AttentionPlan(Plan):
         softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
         feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal,
                                softmax_scale=softmax_scale)
-        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, feats.inputs())
+        scales = check_kv_scales(t["k_cache"], t["v_cache"], t["q"].dtype, k_descale, v_descale, heads_kv=d.heads_kv,
+                                 device=device)
+        V.no_overlap({"out": t["out"], **({"lse": ls} if ls is not None else {})}, {**feats.inputs(), **scales.inputs()})
         dtype = t["q"].dtype
-        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal, **feats.fields}
+        wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal,
+                  **scales.fields, **feats.fields}
         kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
         if kernel is None and feats.any:
             raise missing_kernel((FAMILY,), wanted)
@@ -311,7 +320,8 @@ class AttentionPlan(Plan):
         # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens) and
         # its schedule's limits allow (a batch of 32767 sequences or more, over 65535 KV heads: the paged
         # kernel takes every row)
-        decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged", **feats.fields}
+        decode_kv = {"dtype": dtype, "head_dim": d.head_dim, "kv": f"paged{d.page}", "layout": "ragged",
+                     **scales.fields, **feats.fields}
         if (not causal or d.batch >= MAX_CHUNK_SLOTS or d.heads_kv > 65535
                 or runtime.find(DECODE, device, [decode_kv]) is None):
             decode_query_len = 0
@@ -320,7 +330,8 @@ class AttentionPlan(Plan):
             self.decode = DecodePlan(runtime, t["q"], t["k_cache"], t["v_cache"], t["out"], sl, pt, ls,
                                      kv_layout=kv_layout, softmax_scale=softmax_scale, cu_seqlens_q=cuq,
                                      decode_query_len=decode_query_len, window_left=window_left, softcap=softcap,
-                                     sinks=feats.sinks, workspace=workspace)
+                                     sinks=feats.sinks, workspace=workspace, k_descale=scales.k,
+                                     v_descale=scales.v)
         self.decode_query_len = decode_query_len
         recipes = _recipes(kernel, t, d, dtype)
         self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
@@ -339,6 +350,7 @@ class AttentionPlan(Plan):
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
             **feats.values,
+            **scales.values,
         }
         self.features = feats
         self.has_lse = ls is not None
@@ -351,7 +363,7 @@ class AttentionPlan(Plan):
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
-        self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs()}
+        self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs(), **scales.inputs()}
         # the decode rows' split workspace: written by that kernel, so apart from every output and input
         self._written = {"workspace": None if self.decode is None else self.decode.workspace}
         self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
@@ -504,11 +516,12 @@ def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
-              window_left=None, softcap=None, sinks=None, stream=None) -> None:
+              window_left=None, softcap=None, sinks=None, stream=None, k_descale=None, v_descale=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count (and whatever the stream: a CUDA graph captured on its own stream after a warm-up
     call reuses it)."""
-    seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks)
+    seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks, k_descale,
+                         v_descale)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
@@ -516,7 +529,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     s = as_stream(stream)
     scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
-        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks), scalars)
+        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks, k_descale, v_descale),
+                         scalars)
         plan = runtime.plans.get(fast)
         if plan is not None:
             total_q = q.shape[0]
@@ -529,14 +543,16 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             return
     recs = [None if x is None else (as_output if n in ("out", "lse") else as_tensor)(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
-             (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"))]
-    qr, outr, lsr, kr, vr, cur, slr, ptr_, snk = recs
-    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, None if snk is None else snk.ptr,
+             (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"),
+             (k_descale, "k_descale"), (v_descale, "v_descale"))]
+    qr, outr, lsr, kr, vr, cur, slr, ptr_, snk, kds, vds = recs
+    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, *(None if x is None else x.ptr for x in (snk, kds, vds)),
            _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
-        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk))
+        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk,
+        k_descale=kds, v_descale=vds))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
     if seen is not None:
         runtime.remember_plan(fast, plan)

@@ -34,7 +34,8 @@ MAX_GRID_YZ = 65535
 # loop pays the wide tile's partial last block and its Q-staged epilogue;
 # benchmarks/results/prefill_experiment_d128_block_n_176.json).
 LONG_KV = 8192
-_PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p")
+_PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p",
+               "k_descale", "v_descale", "descale_stride_h")  # (the last three: fp8 KV, paged only)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ _MAX_STRIDE = 1 << 40   # globalStrides[i] < 2^40 bytes, multiples of 16
 _MAX_BOX = 256
 
 # cuda.h enum values (tests/test_runtime_driver.py compares them with cuda-bindings' enums):
-# CUtensorMapDataType FLOAT16 6, BFLOAT16 9 (with the element bytes); CUtensorMapSwizzle by span;
-# CUtensorMapL2promotion by bytes; INTERLEAVE_NONE and FLOAT_OOB_FILL_NONE (fills zeros) are 0
-_DTYPES = {"fp16": (6, 2), "bf16": (9, 2)}
+# CUtensorMapDataType FLOAT16 6, BFLOAT16 9, UINT8 0 for e4m3 bytes (with the element bytes); CUtensorMapSwizzle
+# by span; CUtensorMapL2promotion by bytes; INTERLEAVE_NONE and FLOAT_OOB_FILL_NONE (fills zeros) are 0
+_DTYPES = {"fp16": (6, 2), "bf16": (9, 2), "fp8_e4m3": (0, 1)}
 _SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 _L2 = {0: 0, 64: 1, 128: 2, 256: 3}
 _INTERLEAVE_NONE = _OOB_FILL_NONE = 0

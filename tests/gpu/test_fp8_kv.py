@@ -8,6 +8,10 @@ attention over the dequantized cache (k_fp8 * k_scale[h], v_fp8 * v_scale[h]), a
 and per tensor ([1]), NHD and HND, S_q 1 and 4, skewed lengths (0, 1, 15, 16, 17 beside 32768), CUDA-graph
 replay with new lengths.
 
+Attention (rt.attention over e4m3 pools): mixed batches of decode rows and prefill chunks against the same fp64
+reference, e4m3 NaN bytes (0x7f) in the pool slots no sequence owns, queries far beyond fp16's range, CUDA-graph
+replay with new lengths.
+
 KV write: the pools' bytes equal torch's float8_e4m3fn conversion of clamp(x.float() / scale, -448, 448) at
 every written slot (inputs reach past +-448 * scale, so saturation is exercised, and near rounding ties),
 and every other byte keeps its poison (0x7f, an e4m3 NaN); -1 and out-of-range slots write nothing.
@@ -127,6 +131,120 @@ def test_fp8_decode_against_the_dequantized_cache(rt, layout, S_q, per_head):
                   k_descale=cache.k_scale, v_descale=cache.v_scale, stream=torch.cuda.current_stream())
         torch.cuda.synchronize()
         check_step(cache, q, out, lse, f"{dtype} D{D} {kv} {layout} S_q={S_q} per_head={per_head}")
+
+
+# ---- the serving entry point over fp8 pools (rt.attention: sdpa_prefill_sm90 kv_dtype fp8_e4m3 for the longer
+# rows, sdpa_decode layout ragged for the decode rows)
+
+# (s_q, s_kv): decode rows, S_q 4 rows, chunks over prefixes of 0, 1, 15 and 3000 tokens, an empty sequence and
+# rows that see no key (s_q > s_kv); lengths often not a multiple of the page or of 128
+ATTN_SEQS = [(1, 1), (2048, 2048), (1, 17), (4, 4), (0, 50), (300, 301), (1, 1000), (4, 130), (2048, 2063),
+             (1, 4096), (700, 3700), (5, 3)]
+
+
+def fp8_attention_variants(rt):
+    """(dtype, head_dim, page) of the bundle's plain fp8 paged sdpa_prefill_sm90 kernels."""
+    vs = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
+                 for k in rt.kernels.get("sdpa_prefill_sm90", [])
+                 if k.variant.get("kv_dtype") == "fp8_e4m3" and str(k.variant["layout"]).startswith("paged")
+                 and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
+    assert vs, "the default bundle has no fp8 sdpa_prefill_sm90 kernel"
+    return vs
+
+
+def poison_fp8_tails(cache):
+    """e4m3 NaN bytes (0x7f) in the slots past each sequence's end in its last page and in the pages no sequence
+    owns: a kernel that reads its last page whole must not let them into O."""
+    base = cache.base
+    for pool in cache.pools:
+        x = base.tokens(pool.view(torch.uint8))
+        if base.unused:
+            x[torch.tensor(base.unused, device="cuda").long()] = POISON
+        for b, (L, n) in enumerate(zip(base.lengths, base.need)):
+            for p in range(L // base.page, n):
+                x[int(base.page_table[b, p]), L - p * base.page if p == L // base.page else 0:] = POISON
+
+
+@pytest.mark.parametrize("layout,per_head,heads", [("NHD", True, (32, 8)), ("HND", False, (32, 8)),
+                                                   ("NHD", False, (28, 4)), ("HND", True, (8, 8))])
+@pytest.mark.parametrize("decode_query_len", [0, 1, 4])
+def test_fp8_attention_mixed_batch(rt, layout, per_head, heads, decode_query_len):
+    """One rt.attention call over e4m3 pools for a mixed batch (ATTN_SEQS): every row against fp64 attention over
+    the dequantized cache at bf16's tolerances, LSE too, rows past cu_seqlens_q[-1] untouched (NaN); per-head
+    and per-tensor scales, NHD and HND, GQA 4, 7 (a group that does not divide the paged kernel's 64-row slabs)
+    and 1; decode_query_len 0 puts the decode rows on the paged prefill kernel too."""
+    H_q, H_kv = heads
+    for dtype, D, page in fp8_attention_variants(rt):
+        gen = torch.Generator(device="cuda").manual_seed(700 + decode_query_len + 3 * per_head + H_q)
+        cache = Fp8Cache([s_kv for _, s_kv in ATTN_SEQS], page, H_kv, D, layout, gen, per_head=per_head)
+        poison_fp8_tails(cache)
+        total = sum(s_q for s_q, _ in ATTN_SEQS)
+        q = torch.randn(total + 3, H_q, D, dtype=DT[dtype], device="cuda", generator=gen)
+        out = torch.full_like(q, math.nan)
+        lse = torch.full((H_q, total + 3), math.nan, device="cuda")
+        cu = [0]
+        for s_q, _ in ATTN_SEQS:
+            cu.append(cu[-1] + s_q)
+        cu = torch.tensor(cu, dtype=torch.int32, device="cuda")
+        try:
+            rt.attention(q, cache.k, cache.v, out, cu, cache.seqlens, cache.page_table, lse=lse, kv_layout=layout,
+                         k_descale=cache.k_scale, v_descale=cache.v_scale, decode_query_len=decode_query_len,
+                         max_seqlen_q=2048, stream=torch.cuda.current_stream())
+        except ArgumentError as e:  # the decode rows' fp8 kernel (layout ragged) may be missing from a bundle
+            if decode_query_len and "sdpa_decode" in str(e):
+                pytest.skip(f"no ragged fp8 decode kernel: {e}")
+            raise
+        torch.cuda.synchronize()
+        what = f"{dtype} D{D} page{page} {layout} {H_q}/{H_kv} per_head={per_head} decode_query_len={decode_query_len}"
+        pos = 0
+        for b, (s_q, s_kv) in enumerate(ATTN_SEQS):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[pos:pos + s_q], k, v, 1.0 / math.sqrt(D))
+            check_close(out[pos:pos + s_q], ro, TOL[dtype], f"O {what} seq {b} (s_q {s_q}, s_kv {s_kv})")
+            check_close(lse[:, pos:pos + s_q], rl, LSE_TOL, f"LSE {what} seq {b}")
+            pos += s_q
+        assert torch.isnan(out[total:]).all() and torch.isnan(lse[:, total:]).all(), f"{what}: rows past the step written"
+
+
+def test_fp8_attention_large_queries_and_graph_replay(rt):
+    """Queries far beyond fp16's range (|q| up to 1e6, the softmax scale 1e-6 / sqrt(D) so the logits stay of
+    order 1: the kernel rewrites Q as fp16 times a power of two per warpgroup) against fp64; then the same plan
+    captured in a CUDA graph and replayed with new lengths."""
+    dtype, D, page = fp8_attention_variants(rt)[0]
+    gen = torch.Generator(device="cuda").manual_seed(77)
+    seqs = [(600, 900), (1, 40), (129, 129)]
+    cache = Fp8Cache([2000, 2000, 2000], page, 8, D, "NHD", gen)
+    total = sum(s_q for s_q, _ in seqs)
+    q = torch.randn(total, 32, D, dtype=DT[dtype], device="cuda", generator=gen) * 1e6
+    out = torch.full_like(q, math.nan)
+    lse = torch.full((32, total), math.nan, device="cuda")
+    cu = torch.tensor([0, 600, 601, 730], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([s_kv for _, s_kv in seqs], dtype=torch.int32, device="cuda")
+    scale = 1e-6 / math.sqrt(D)
+    plan = rt.prepare_attention(q, cache.k, cache.v, out, cu, lens, cache.page_table, lse=lse, softmax_scale=scale,
+                                k_descale=cache.k_scale, v_descale=cache.v_scale)
+
+    def check(what):
+        torch.cuda.synchronize()
+        pos = 0
+        for b, (s_q, s_kv) in enumerate(seqs):
+            k, v = cache.dense(b)
+            ro, rl = reference(q[pos:pos + s_q], k[:s_kv], v[:s_kv], scale)
+            check_close(out[pos:pos + s_q], ro, TOL[dtype], f"O {what} seq {b}")
+            check_close(lse[:, pos:pos + s_q], rl, LSE_TOL, f"LSE {what} seq {b}")
+            pos += s_q
+
+    plan(q, out, lse, stream=torch.cuda.current_stream())
+    check("eager, |q| ~ 1e6")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        plan(q, out, lse, stream=torch.cuda.current_stream())
+    seqs[:] = [(600, 2000), (1, 2000), (129, 1000)]
+    lens.copy_(torch.tensor([s_kv for _, s_kv in seqs], dtype=torch.int32))
+    out.fill_(math.nan)
+    lse.fill_(math.nan)
+    g.replay()
+    check("graph replay with new lengths")
 
 
 def test_fp8_decode_over_dense_kv(rt):
