@@ -4,13 +4,24 @@ Tensors (element strides, head-dim stride 1):
   dense:  Q [B, S_q, H_q, D], K and V [B, S_kv, H_kv, D], O [B, S_q, H_q, D]; strides (b, s, h) per tensor
   ragged: Q [total_q, H_q, D], K/V [total_kv, H_kv, D], O [total_q, H_q, D]; sequence b spans
           tokens cu_seqlens_q[b] .. cu_seqlens_q[b+1] (int32, on the device); batch strides unused
-  LSE fp32 [B, H_q, S_q] (ragged: [H_q, total_q]) natural log, written when write_lse != 0
+  paged:  Q/O ragged as above; K/V in pools of pages of P tokens (layout pagedP, P in 16..128), NHD
+          [pages, P, H_kv, D] or HND [pages, H_kv, P, D] as (page, token, head) strides: token t of
+          sequence b at page_table[b, t // P] * stride_page + (t % P) * stride_token + kv_head * stride_head;
+          seqlens_kv[b] (int32 [B]) = its keys (the new tokens included), cut at the page-table row's end
+          (max_pages * P); sequences of fewer than min_seqlen_q queries are skipped (Runtime.attention's
+          decode kernel takes them). A page id outside [0, pages) is never dereferenced: its rows read as
+          zeros (as the Hopper family's TMA does). Its own parameter list (PAGED_PARAMS).
+  LSE fp32 [B, H_q, S_q] (ragged, paged: [H_q, total_q]) natural log, written when write_lse != 0
 
 Causal masking is aligned bottom-right: query i of a sequence with S_q queries and
 S_kv keys sees keys j <= i + (S_kv - S_q). A query row that sees no key (possible when
 S_q > S_kv) gets O = 0 and LSE = -inf. GQA/MQA: query head h reads KV head h // (H_q / H_kv).
 
-Every variant shares one parameter list. The "packed" stride specialization promises
+Every dense and ragged variant shares one parameter list (PARAMS), the paged ones another (PAGED_PARAMS).
+The grid is (ceil(max_seqlen_q / block_m), H_q, B), not persistent: for paged calls the runtime takes
+max_seqlen_q per call (a bound on the step's query counts), and tiles past a sequence's queries exit at once,
+so a CUDA graph captured with a bound replays correctly for any batch whose query counts stay within it.
+The "packed" stride specialization promises
 dense Q/K/V/O contiguous [B, S, H, D] (strides S*H*D, H*D, D) and LSE contiguous, and
 ignores the stride parameters (32-bit offsets within a batch).
 """
@@ -52,6 +63,35 @@ PARAMS: tuple[Param, ...] = (
     *FEATURE_PARAMS,
 )
 
+# paged (layout pagedP): Q/O ragged, K/V gathered through the page table with (page, token, head) strides
+# (NHD or HND pools alike), per-sequence KV lengths; `pages` (the pool's page count) bounds the page ids read
+PAGED_PARAMS: tuple[Param, ...] = (
+    ptr("q", 16), ptr("k", 16), ptr("v", 16), ptr("o", 16), ptr("lse", 4),
+    ptr("cu_seqlens_q", 4), ptr("seqlens_kv", 4), ptr("page_table", 4),
+    *scalars("i32", "batch", "heads_q", "heads_kv", "write_lse", "pages", "max_pages", "min_seqlen_q"),
+    Param("softmax_scale", "f32"),
+    *scalars("i64", "q_stride_s", "q_stride_h", "k_stride_page", "k_stride_token", "k_stride_head",
+             "v_stride_page", "v_stride_token", "v_stride_head", "o_stride_s", "o_stride_h",
+             "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p"),
+    *FEATURE_PARAMS,
+)
+
+# page sizes of the paged layouts: a multiple of the 16 rows one cp.async pass of a tile copies (a pass never
+# crosses a page), powers of two (a token's page and slot are a shift and a mask)
+PAGE_SIZES = (16, 32, 64, 128)
+LAYOUTS = ("dense", "ragged") + tuple(f"paged{p}" for p in PAGE_SIZES)
+
+
+def page_size(variant: Variant) -> int:
+    """P of a paged layout, 0 for dense and ragged."""
+    layout = variant["layout"]
+    return int(layout[len("paged"):]) if layout.startswith("paged") else 0
+
+
+def params(variant: Variant) -> tuple[Param, ...]:
+    return PAGED_PARAMS if page_size(variant) else PARAMS
+
+
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a")
 
 # the fields every prefill family has (sdpa_prefill_sm90 shares them)
@@ -66,6 +106,9 @@ ATTENTION_FIELDS = (
 def _why_invalid(values: dict) -> str | None:
     if values["layout"] == "ragged" and values["strides"] == "packed":
         return "the packed specialization is for dense layouts (ragged offsets come from cu_seqlens)"
+    if values["layout"].startswith("paged") and values["strides"] == "packed":
+        return (f"the packed specialization is for dense layouts ({values['layout']}: K/V rows are gathered "
+                f"through the page table with Int64 strides)")
     return None
 
 
@@ -79,20 +122,24 @@ def launch_facts(variant: Variant, tile: Tile | None = None) -> LaunchFacts:
     return LaunchFacts(
         block=(tile.threads, 1, 1),
         dynamic_smem=smem_bytes(variant["head_dim"], tile),
-        grid_rule="grid = (ceil(max_seqlen_q / block_m), heads_q, batch)",
+        grid_rule=("grid = (ceil(max_seqlen_q / block_m), heads_q, batch); paged: max_seqlen_q is the call's bound on "
+                   "its query counts (tiles past a sequence's queries exit)"),
         extra={"block_m": tile.block_m, "block_n": tile.block_n},
     )
 
 
 FAMILY = register(Family(
     name="sdpa_prefill",
-    doc="flash-attention forward with mma.sync: dense or ragged, causal, GQA, optional LSE",
+    doc="flash-attention forward with mma.sync: dense, ragged or ragged over a paged KV cache, causal, GQA, optional LSE",
     archs=ARCHS,
-    fields=ATTENTION_FIELDS + (
+    fields=tuple(f if f.name != "layout" else
+                 Field("layout", LAYOUTS, f.doc + "; pagedP: ragged Q over paged K/V pools of page size P "
+                                                  "(Runtime.attention)")
+                 for f in ATTENTION_FIELDS) + (
         Field("strides", ("general", "packed"), "general Int64 strides, or packed contiguous BSHD (dense only)"),
     ) + FEATURE_FIELDS,
     why_invalid=chain(_why_invalid, why_invalid_features),
-    params=lambda v: PARAMS,
+    params=params,
     launch=launch_facts,
     kernel_module="aotc.kernels.sdpa_prefill",
 ))

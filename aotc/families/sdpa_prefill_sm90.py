@@ -50,7 +50,7 @@ from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
 from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
-from .sdpa_prefill import ATTENTION_FIELDS
+from .sdpa_prefill import ATTENTION_FIELDS, LAYOUTS, PAGE_SIZES, page_size  # noqa: F401 (re-exported)
 
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
 Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
@@ -124,16 +124,9 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
-# paged layouts (Runtime.attention): a kv block is whole TMA boxes of one page each (page < block_n:
-# block_n / page of them), or a box inside one page (page >= block_n, page a multiple of block_n)
-PAGE_SIZES = (16, 32, 64, 128)
-LAYOUTS = ("dense", "ragged") + tuple(f"paged{p}" for p in PAGE_SIZES)
-
-
-def page_size(variant: Variant) -> int:
-    """P of a paged layout, 0 for dense and ragged."""
-    layout = variant["layout"]
-    return int(layout[len("paged"):]) if layout.startswith("paged") else 0
+# paged layouts (Runtime.attention; the portable family's page sizes): a kv block is whole TMA boxes of one
+# page each (page < block_n: block_n / page of them), or a box inside one page (page >= block_n, page a
+# multiple of block_n)
 
 
 def page_fits(page: int, block_n: int) -> bool:

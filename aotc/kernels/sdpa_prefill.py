@@ -60,10 +60,10 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill import PARAMS, TILES, Tile, launch_facts, smem_bytes
+from ..families.sdpa_prefill import PAGED_PARAMS, PARAMS, TILES, Tile, launch_facts, page_size, smem_bytes
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .mask import kv_block_range, kv_loop_segments, mask_row, score_limits
-from .seqlen import seq_bounds
+from .seqlen import paged_seq_bounds, seq_bounds
 from .softmax import (LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, normalize_rows, rescale_rows, softcap_row, softmax_row,
                       store_lse_rows)
 from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, check_accumulator_views, gemm_ldmatrix,
@@ -90,6 +90,12 @@ class SdpaPrefill:
         self.dtype = dtype = DTYPES[variant["dtype"]]
         self.D = D = int(variant["head_dim"])
         self.ragged = ragged = variant["layout"] == "ragged"
+        # paged (layout pagedP): ragged Q/O, K/V rows gathered through the page table (SdpaPrefillPaged)
+        self.page = page = page_size(variant)
+        self.paged = paged = page > 0
+        if paged != (type(self).params is PAGED_PARAMS):
+            raise ValueError(f"{variant.name}: a {'paged' if paged else 'dense or ragged'} variant is compiled by "
+                             f"{'SdpaPrefillPaged' if paged else 'SdpaPrefill'} (sdpa_prefill.compile picks it)")
         self.causal = variant["causal"]
         # score features (aotc.families.features): compiled in or not, their values are parameters
         self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
@@ -99,8 +105,15 @@ class SdpaPrefill:
         self.threads = threads = self.tile.threads
         if D % ATOM_COLS or bm % (16 * warps) or bn % 16 or bm % (threads // 8) or bn % (threads // 8):
             raise ValueError(f"unsupported tile {self.tile} for head_dim {D}")
-        if ragged and packed:
+        if (ragged or paged) and packed:
             raise ValueError(f"{variant.name}: the packed specialization is for dense layouts")
+        # a cp.async pass of a tile copies threads/8 consecutive rows: in one page (a power of two, a multiple
+        # of the pass) they share one page id, and a kv block is whole pages or lies inside one
+        self.pass_rows = threads // 8
+        if paged and (page & (page - 1) or page % self.pass_rows):
+            raise ValueError(f"{variant.name}: page {page} is not a power of two multiple of {self.pass_rows} rows")
+        self.log2_page = page.bit_length() - 1 if paged else 0
+        self.block_pages = max(1, bn // page) if paged else 0  # page-table entries a kv block reads
         # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2) where a thread's O tile outnumbers its scores
         # (D > block_n: 4x for D128 and D256), +1-4% on the H200; D64 (equal tiles) lost 1-2% with it
         self.lazy_rescale = D > bn
@@ -121,7 +134,8 @@ class SdpaPrefill:
 
     def pointee_types(self) -> dict:
         return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
-                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "sinks": Float32}
+                "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "seqlens_kv": Int32, "page_table": Int32,
+                "sinks": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -134,6 +148,66 @@ class SdpaPrefill:
     @cute.jit
     def load_kv_tile(self, ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
         """cp.async the (bn, D) tile n of K or V into sX; predicated: rows >= S_kv are zero-filled."""
+        if cutlass.const_expr(self.paged):
+            self.load_paged_tile(ctx, tid, gX, sX, n, predicated)
+        else:
+            self.load_dense_tile(ctx, tid, gX, sX, n, predicated)
+
+    @cute.jit
+    def load_paged_tile(self, ctx, tid, src, sX, n, predicated: cutlass.Constexpr):
+        """load_kv_tile from the pools: src holds K's or V's base at this KV head and its (page, token)
+        strides, ctx.paged the sequence's page-table row. Row pass r of the tile (pass_rows rows from thread
+        0's row r, a multiple of pass_rows) lies in one page, the block's (row // P)-th (P < bn) or the one
+        the block lies in (P >= bn), whose id is read once per page; a pass's rows at or past S_kv
+        (predicated) and the rows of a page id outside [0, pages) are zero-filled in smem, never read."""
+        thr = ctx.g2s.get_slice(tid)
+        tXsX = thr.partition_D(sX)  # (CPY, passes, D/64)
+        cKV = cute.make_identity_tensor((self.bn, self.D))
+        t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)  # compile-time row offsets
+        t0 = n * self.bn  # the block's first token
+        lim = ctx.s_kv - t0 - thr.partition_S(cKV)[0][0]
+        pt = ctx.paged
+        # the block's page ids: entry (t0 >> log2 P) + j of the row; -1 for a page past S_kv (a partial
+        # last block of a short sequence: its rows are zero-filled, its entry may lie past the row's end)
+        col0 = t0 >> self.log2_page
+        pgs = []
+        for j in cutlass.range_constexpr(self.block_pages):
+            pg = Int32(-1)
+            if t0 + j * self.page < ctx.s_kv:
+                pg = pt.row[Int64(col0 + j) * pt.stride_p]
+            pgs.append(pg)
+        # where the block starts inside its page (P > bn; 0 otherwise: a block is whole pages)
+        slot0 = Int32(0)
+        if cutlass.const_expr(self.page > self.bn):
+            slot0 = t0 & (self.page - 1)
+        for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
+            row = t0XcX[0, r, 0][0]  # the pass's first row in the block (compile time)
+            j = row // self.page if cutlass.const_expr(self.page < self.bn) else 0
+            slot = slot0 + (row % self.page if cutlass.const_expr(self.page < self.bn) else row)
+            pg = pgs[j]
+            # one unsigned compare: a page id outside [0, pages) is never dereferenced
+            if cutlass.const_expr(predicated):
+                if cutlass.Uint32(pg) < cutlass.Uint32(pt.pages) and row < lim:
+                    self.copy_page_rows(ctx.g2s, thr, src, pg, slot, tXsX[None, r, None])
+                else:
+                    tXsX[None, r, None].fill(0)
+            else:
+                if cutlass.Uint32(pg) < cutlass.Uint32(pt.pages):
+                    self.copy_page_rows(ctx.g2s, thr, src, pg, slot, tXsX[None, r, None])
+                else:
+                    tXsX[None, r, None].fill(0)
+
+    @cute.jit
+    def copy_page_rows(self, g2s, thr, src, pg, slot, dst):
+        """cp.async this thread's part of pass_rows rows of page pg from slot `slot` on into dst (CPY, D/64)."""
+        off = Int64(pg) * src.s_page + Int64(slot) * src.s_tok
+        rows = cute.make_tensor(src.base + cute.assume(off, divby=VEC),
+                                cute.make_layout((self.pass_rows, self.D), stride=(src.s_tok, 1)))
+        cute.copy(g2s, thr.partition_S(rows)[None, 0, None], dst)
+
+    @cute.jit
+    def load_dense_tile(self, ctx, tid, gX, sX, n, predicated: cutlass.Constexpr):
+        """load_kv_tile from a contiguous K/V: gX its (bn, D, n_blocks) tiles."""
         thr = ctx.g2s.get_slice(tid)
         tXgX = thr.partition_S(gX)  # (CPY, CPY_N, CPY_D, n_blocks)
         tXsX = thr.partition_D(sX)
@@ -321,6 +395,78 @@ class SdpaPrefill:
                 store_lse_rows(ctx.lse, ctx.lse_off, ctx.lse_ss, lse_r, t0ScS_mn, ctx.m_block * self.bm, tScS[0][0],
                                ctx.s_q)
 
+    @cute.jit
+    def tile_coords(self):
+        """(thread, m_block, query head, sequence) of this CTA: grid (m_blocks, H_q, B)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, bidx = cute.arch.block_idx()
+        m_block = Int32(m_block)
+        if cutlass.const_expr(self.causal):
+            # longest first: under the bottom-right mask a tile's cost grows with m_block, and the
+            # blocks are dispatched in blockIdx order, so the last (most expensive) tiles of each
+            # head would otherwise start last and leave a long tail
+            n_m, _, _ = cute.arch.grid_dim()
+            m_block = Int32(n_m) - 1 - m_block
+        return tidx, m_block, Int32(head), Int32(bidx)
+
+    @cute.jit
+    def attend(self, tidx, m_block, head, s_q, s_kv, mQ, mO, gK, gV, paged, lse, lse_off, lse_ss, write_lse,
+               softmax_scale, softcap, sinks, window_left):
+        """One (block_m x D) tile of O for query head `head` of a sequence of s_q queries (mQ, mO: its (s_q, D)
+        rows) and s_kv keys: gK, gV the (bn, D, n_blocks) tiles of a contiguous K/V (dense, ragged), or, paged,
+        the pools' row sources (load_paged_tile), `paged` the sequence's page-table row."""
+        storage = SmemAllocator().allocate(self.SharedStorage)
+        tiled_mma = make_warp_mma(self.dtype, self.warps)
+        ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
+        r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
+        ctx = SimpleNamespace(
+            tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
+            gQ=cute.local_tile(mQ, (self.bm, self.D), (m_block, 0)),
+            gO=cute.local_tile(mO, (self.bm, self.D), (m_block, 0)),
+            gK=gK, gV=gV, paged=paged,
+            sQ=storage.sQ.get_tensor(smem_tile_layout(self.bm, self.D)),
+            sK=storage.sK.get_tensor(smem_tile_layout(self.bn, self.D)),
+            sV=storage.sV.get_tensor(smem_tile_layout(self.bn, self.D)),
+            g2s=make_g2s(self.dtype, self.threads),
+            s2g=make_s2g(self.dtype, self.threads),
+            tiled_mma=tiled_mma,
+            s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
+            s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
+            s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
+            r2s=cute.make_tiled_copy_C(r2s_atom, tiled_mma),
+            lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
+            head=head, sinks=sinks, window_left=window_left,
+        )
+        score = ScoreScale(softmax_scale, softcap, self.softcap)
+        ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
+        # fp32 O accumulator, running row max and per-thread partial row sum
+        ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
+        ctx.acc_O.fill(0.0)
+        n_rows = cute.size(acc_mn_view(ctx.acc_O), mode=[0])
+        ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        ctx.row_max.fill(NEG_INF)
+        ctx.row_sum.fill(0.0)
+
+        # kv blocks n_max-1 .. n_min (mask.kv_blocks_for_queries); with none at all (S_kv = 0, or a causal
+        # tile that sees no key) every loop runs 0 times and the epilogue writes O = 0, LSE = -inf
+        n_min, n_max, n_mask_min, n_left_end = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
+                                                              self.window, window_left)
+        n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
+        ctx.n_min = n_min
+
+        self.prologue(ctx, n_max)
+        # blocks n_max-1 .. n_mask_min with masks and predicated loads, then the plain ones, then (a window)
+        # the masked blocks of its left edge
+        for t in cutlass.range(n_right, unroll=1):
+            self.kv_block(ctx, n_max - 1 - t, True)
+        for t in cutlass.range(n_right, n_plain_end, unroll=1):
+            self.kv_block(ctx, n_max - 1 - t, False)
+        if cutlass.const_expr(self.window):
+            for t in cutlass.range(n_plain_end, n_iter, unroll=1):
+                self.kv_block(ctx, n_max - 1 - t, True)
+        self.epilogue(ctx)
+
     @cute.kernel
     def sdpa_prefill_kernel(
         self,
@@ -336,18 +482,7 @@ class SdpaPrefill:
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
     ):
-        tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, bidx = cute.arch.block_idx()
-        m_block = Int32(m_block)
-        if cutlass.const_expr(self.causal):
-            # longest first: under the bottom-right mask a tile's cost grows with m_block, and the
-            # blocks are dispatched in blockIdx order, so the last (most expensive) tiles of each
-            # head would otherwise start last and leave a long tail
-            n_m, _, _ = cute.arch.grid_dim()
-            m_block = Int32(n_m) - 1 - m_block
-        head = Int32(head)
-        bidx = Int32(bidx)
-
+        tidx, m_block, head, bidx = self.tile_coords()
         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv, self.ragged)
 
         # the grid covers max_seqlen_q: tiles past this sequence's end do nothing
@@ -398,59 +533,10 @@ class SdpaPrefill:
             mO = cute.make_tensor(o_ptr, cute.make_layout((s_q, self.D), stride=(o_ss, 1)))
             mK = cute.make_tensor(k_ptr, cute.make_layout((s_kv, self.D), stride=(k_ss, 1)))
             mV = cute.make_tensor(v_ptr, cute.make_layout((s_kv, self.D), stride=(v_ss, 1)))
-
-            storage = SmemAllocator().allocate(self.SharedStorage)
-            tiled_mma = make_warp_mma(self.dtype, self.warps)
-            ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
-            r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
-            ctx = SimpleNamespace(
-                tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
-                gQ=cute.local_tile(mQ, (self.bm, self.D), (m_block, 0)),
-                gO=cute.local_tile(mO, (self.bm, self.D), (m_block, 0)),
-                gK=cute.local_tile(mK, (self.bn, self.D), (None, 0)),  # (bn, D, n_blocks)
-                gV=cute.local_tile(mV, (self.bn, self.D), (None, 0)),
-                sQ=storage.sQ.get_tensor(smem_tile_layout(self.bm, self.D)),
-                sK=storage.sK.get_tensor(smem_tile_layout(self.bn, self.D)),
-                sV=storage.sV.get_tensor(smem_tile_layout(self.bn, self.D)),
-                g2s=make_g2s(self.dtype, self.threads),
-                s2g=make_s2g(self.dtype, self.threads),
-                tiled_mma=tiled_mma,
-                s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
-                s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),
-                s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
-                r2s=cute.make_tiled_copy_C(r2s_atom, tiled_mma),
-                lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
-                head=head, sinks=sinks, window_left=window_left,
-            )
-            score = ScoreScale(softmax_scale, softcap, self.softcap)
-            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
-            # fp32 O accumulator, running row max and per-thread partial row sum
-            ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
-            ctx.acc_O.fill(0.0)
-            n_rows = cute.size(acc_mn_view(ctx.acc_O), mode=[0])
-            ctx.row_max = cute.make_rmem_tensor((n_rows,), Float32)
-            ctx.row_sum = cute.make_rmem_tensor((n_rows,), Float32)
-            ctx.row_max.fill(NEG_INF)
-            ctx.row_sum.fill(0.0)
-
-            # kv blocks n_max-1 .. n_min (mask.kv_blocks_for_queries); with none at all (S_kv = 0, or a causal
-            # tile that sees no key) every loop runs 0 times and the epilogue writes O = 0, LSE = -inf
-            n_min, n_max, n_mask_min, n_left_end = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
-                                                                  self.window, window_left)
-            n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
-            ctx.n_min = n_min
-
-            self.prologue(ctx, n_max)
-            # blocks n_max-1 .. n_mask_min with masks and predicated loads, then the plain ones, then (a window)
-            # the masked blocks of its left edge
-            for t in cutlass.range(n_right, unroll=1):
-                self.kv_block(ctx, n_max - 1 - t, True)
-            for t in cutlass.range(n_right, n_plain_end, unroll=1):
-                self.kv_block(ctx, n_max - 1 - t, False)
-            if cutlass.const_expr(self.window):
-                for t in cutlass.range(n_plain_end, n_iter, unroll=1):
-                    self.kv_block(ctx, n_max - 1 - t, True)
-            self.epilogue(ctx)
+            self.attend(tidx, m_block, head, s_q, s_kv, mQ, mO,
+                        cute.local_tile(mK, (self.bn, self.D), (None, 0)),  # (bn, D, n_blocks)
+                        cute.local_tile(mV, (self.bn, self.D), (None, 0)), None,
+                        lse, lse_off, lse_ss, write_lse, softmax_scale, softcap, sinks, window_left)
 
     @cute.jit
     def __call__(
@@ -480,6 +566,81 @@ class SdpaPrefill:
             sinks, window_left, softcap,
         ).launch(
             grid=[(seqlen_q + (self.bm - 1)) // self.bm, heads_q, batch],
+            block=[self.threads, 1, 1],
+            smem=self.smem_size,
+        )
+
+
+class SdpaPrefillPaged(SdpaPrefill):
+    """A paged variant (layout pagedP, Runtime.attention's portable kernel): ragged Q/O, K/V rows gathered
+    through the page table (load_paged_tile), the family's PAGED_PARAMS; everything past the sequence's
+    bounds and addresses is SdpaPrefill.attend."""
+
+    params = PAGED_PARAMS
+
+    @cute.kernel
+    def sdpa_prefill_paged_kernel(
+        self,
+        q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
+        cu_seqlens_q: cute.Pointer, seqlens_kv: cute.Pointer, page_table: cute.Pointer,
+        batch: Int32, heads_q: Int32, heads_kv: Int32, write_lse: Int32, pages: Int32, max_pages: Int32,
+        min_seqlen_q: Int32,
+        softmax_scale: Float32,
+        q_stride_s: Int64, q_stride_h: Int64,
+        k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
+        v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        o_stride_s: Int64, o_stride_h: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+    ):
+        tidx, m_block, head, bidx = self.tile_coords()
+        q_start, s_q, s_kv = paged_seq_bounds(bidx, cu_seqlens_q, seqlens_kv, max_pages, self.page)
+
+        # the grid covers the call's max_seqlen_q: tiles past this sequence's queries do nothing, and a
+        # sequence of fewer than min_seqlen_q queries is the decode kernel's
+        if m_block * self.bm < s_q and s_q >= min_seqlen_q:
+            kv_head = head // (heads_q // heads_kv)
+            q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
+            o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
+            mQ = cute.make_tensor(q + cute.assume(q_off, divby=VEC),
+                                  cute.make_layout((s_q, self.D), stride=(cute.assume(q_stride_s, divby=VEC), 1)))
+            mO = cute.make_tensor(o + cute.assume(o_off, divby=VEC),
+                                  cute.make_layout((s_q, self.D), stride=(cute.assume(o_stride_s, divby=VEC), 1)))
+            # K and V at this KV head, stepped by page and by token (load_paged_tile)
+            gK = SimpleNamespace(base=k + cute.assume(Int64(kv_head) * k_stride_head, divby=VEC),
+                                 s_page=cute.assume(k_stride_page, divby=VEC), s_tok=cute.assume(k_stride_token, divby=VEC))
+            gV = SimpleNamespace(base=v + cute.assume(Int64(kv_head) * v_stride_head, divby=VEC),
+                                 s_page=cute.assume(v_stride_page, divby=VEC), s_tok=cute.assume(v_stride_token, divby=VEC))
+            paged = SimpleNamespace(row=page_table + Int64(bidx) * pt_stride_b, stride_p=pt_stride_p, pages=pages)
+            lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
+            self.attend(tidx, m_block, head, s_q, s_kv, mQ, mO, gK, gV, paged,
+                        lse, lse_off, lse_stride_s, write_lse, softmax_scale, softcap, sinks, window_left)
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Pointer, k: cute.Pointer, v: cute.Pointer, o: cute.Pointer, lse: cute.Pointer,
+        cu_seqlens_q: cute.Pointer, seqlens_kv: cute.Pointer, page_table: cute.Pointer,
+        batch: Int32, heads_q: Int32, heads_kv: Int32, write_lse: Int32, pages: Int32, max_pages: Int32,
+        min_seqlen_q: Int32,
+        softmax_scale: Float32,
+        q_stride_s: Int64, q_stride_h: Int64,
+        k_stride_page: Int64, k_stride_token: Int64, k_stride_head: Int64,
+        v_stride_page: Int64, v_stride_token: Int64, v_stride_head: Int64,
+        o_stride_s: Int64, o_stride_h: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
+        pt_stride_b: Int64, pt_stride_p: Int64,
+        sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+    ):
+        # The real launch is done by the aotc runtime (grid from the call's max_seqlen_q); this one only
+        # makes the module well formed, with the same block and dynamic smem.
+        self.sdpa_prefill_paged_kernel(
+            q, k, v, o, lse, cu_seqlens_q, seqlens_kv, page_table,
+            batch, heads_q, heads_kv, write_lse, pages, max_pages, min_seqlen_q, softmax_scale,
+            q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
+            v_stride_page, v_stride_token, v_stride_head, o_stride_s, o_stride_h, lse_stride_h, lse_stride_s,
+            pt_stride_b, pt_stride_p, sinks, window_left, softcap,
+        ).launch(
+            grid=[max_pages, heads_q, batch],
             block=[self.threads, 1, 1],
             smem=self.smem_size,
         )
@@ -576,8 +737,9 @@ def verify_mappings(head_dim: int, dtype_name: str = "bf16", tile: Tile | None =
 def compile(variant, *, dump_dir: str, keep_ptx: bool = False, tile: Tile | None = None) -> KernelBuild:
     """Compile one sdpa_prefill variant for variant.arch (the family's tile for its head dim, or `tile`).
 
-    The entry's parameters are exactly aotc.families.sdpa_prefill.PARAMS, in order; the launch is
-    block (32*warps, 1, 1), grid (ceil(max_seqlen_q / block_m), heads_q, batch) with the recorded
+    The entry's parameters are exactly aotc.families.sdpa_prefill.PARAMS (paged: PAGED_PARAMS), in order;
+    the launch is block (32*warps, 1, 1), grid (ceil(max_seqlen_q / block_m), heads_q, batch) with the recorded
     dynamic shared memory (over 48 KiB for head_dim 256: the runtime raises the kernel's attribute).
     """
-    return compile_kernel(SdpaPrefill(variant, tile), variant.arch, dump_dir, keep_ptx=keep_ptx)
+    cls = SdpaPrefillPaged if page_size(variant) else SdpaPrefill
+    return compile_kernel(cls(variant, tile), variant.arch, dump_dir, keep_ptx=keep_ptx)
