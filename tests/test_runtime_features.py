@@ -12,6 +12,7 @@ import pytest
 import aotc.runtime.attention as A
 from aotc.build.spec import enumerate_spec
 from aotc.common.errors import ArgumentError
+from aotc.common.variant import Variant
 from aotc.families import get_family
 from aotc.families.features import FEATURE_PARAMS, FEATURES
 from aotc.families.sdpa_prefill_sm90 import PARAMS
@@ -29,10 +30,15 @@ def test_every_attention_family_has_the_three_fields_and_parameters(family):
     for name in FEATURES:
         f = fam.field(name)
         assert f.choices == (False, True) and f.unlisted == (False,)
-    v = SimpleNamespace()  # the attention families' parameter lists do not depend on the variant
-    # (sdpa_decode's and sdpa_prefill_sm90's end with the fp8 KV scales after them, aotc.families.kv_dtype)
-    params = fam.params(v)[:-3] if family in ("sdpa_decode", "sdpa_prefill_sm90") else fam.params(v)
-    assert params[-3:] == FEATURE_PARAMS
+    # the attention families' parameter lists depend on the variant only for the portable family's paged
+    # layouts (their own list); sdpa_decode's and sdpa_prefill_sm90's end with the fp8 KV scales after them
+    # (aotc.families.kv_dtype)
+    variants = ([SimpleNamespace()] if family != "sdpa_prefill" else
+                [Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=128, layout=layout, causal=True,
+                              strides="general") for layout in ("dense", "ragged", "paged16", "paged128")])
+    for v in variants:
+        params = fam.params(v)[:-3] if family in ("sdpa_decode", "sdpa_prefill_sm90") else fam.params(v)
+        assert params[-3:] == FEATURE_PARAMS
     assert [p.name for p in FEATURE_PARAMS] == ["sinks", "window_left", "softcap"]
 
 

@@ -17,7 +17,9 @@ Two kernels share a call, each reading the device-side lengths at every launch a
 the decode kernel (sdpa_decode, layout ragged: GQA-packed, the batch's kv blocks cut into equal chunks
 merged in the same launch, so a few long contexts still fill the GPU) takes the sequences of 1 ..
 decode_query_len queries, the paged prefill kernel (sdpa_prefill_sm90, layout pagedP: wgmma tiles of
-GQA-packed rows, tile pairs over a persistent grid) every longer one. So the plan holds no per-step
+GQA-packed rows, tile pairs over a persistent grid) every longer one; where no loaded Hopper kernel serves
+the call on this device, the portable one (sdpa_prefill, layout pagedP: mma.sync, any GQA group, a grid
+from the call's max_seqlen_q; aotc.runtime.attention_portable). So the plan holds no per-step
 schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
 decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the paged prefill kernel; a
 max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its launch. max_seqlen_kv (a
@@ -54,6 +56,7 @@ from .plan import Plan, cached_plan, torch_key
 from .prefill import LONG_KV, hopper_candidates
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
+from .attention_portable import PORTABLE, PortableLaunch, check_grid, portable_fields, prefill_family, served_pages
 
 FAMILY = "sdpa_prefill_sm90"
 DECODE = "sdpa_decode"
@@ -78,9 +81,9 @@ class AttentionShape:
     v_strides: tuple[int, int, int]
 
 
-def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorArg, sl: TensorArg, pt: TensorArg,
-                    ls: TensorArg | None, kv_layout: str) -> AttentionShape:
-    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one."""
+def _check_operands(t: dict[str, TensorArg], kv_layout: str) -> tuple:
+    """check_attention's first part, every kernel's: q/out and the pools' dtypes, ranks and shapes.
+    Returns (total_q, H_q, D, page, H_kv, pages, the pools' token axis, their head axis)."""
     q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
     V.dtype(q, "q", DTYPES)
     V.dtype(o, "out", (q.dtype,))
@@ -103,6 +106,14 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
         raise ArgumentError("k_cache.shape[0]", 0, "at least one page (the page table's entries index the pool)")
     if heads_kv == 0 or heads_q % heads_kv:
         raise ArgumentError(f"k_cache.shape[{head_ax}]", heads_kv, f"H_kv dividing H_q = {heads_q}")
+    return total_q, heads_q, head_dim, page, heads_kv, pages, tok_ax, head_ax
+
+
+def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorArg, sl: TensorArg, pt: TensorArg,
+                    ls: TensorArg | None, kv_layout: str) -> AttentionShape:
+    """Validate every argument before anything is prepared; raises ArgumentError naming the first bad one
+    (for the Hopper kernel: check_portable_attention is the portable kernel's)."""
+    total_q, heads_q, head_dim, page, heads_kv, pages, tok_ax, head_ax = _check_operands(t, kv_layout)
     group = heads_q // heads_kv
     if not 1 <= group <= Q_BOX_ROWS:  # group 0 (H_q = 0): no query head to pack, and Q's box needs one
         raise ArgumentError("H_q / H_kv", group, f"1 to {Q_BOX_ROWS}: the kernel packs each token's query heads of "
@@ -111,6 +122,17 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
                           if str(x).startswith("paged"))
     if page not in pages_served:
         raise ArgumentError(f"k_cache.shape[{tok_ax}]", page, f"a page size the loaded kernels serve: {pages_served}")
+    return _check_metadata(device, t, cuq, sl, pt, ls, total_q, heads_q, heads_kv, head_dim, page, pages, tok_ax,
+                           head_ax)
+
+
+def _check_metadata(device: int, t: dict[str, TensorArg], cuq: TensorArg, sl: TensorArg, pt: TensorArg,
+                    ls: TensorArg | None, total_q: int, heads_q: int, heads_kv: int, head_dim: int, page: int,
+                    pages: int, tok_ax: int, head_ax: int) -> AttentionShape:
+    """check_attention's last part, every kernel's: the lengths, the page table, LSE, devices, strides,
+    alignment and overlaps."""
+    q, k, v, o = t["q"], t["k_cache"], t["v_cache"], t["out"]
+    group = heads_q // heads_kv
     V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
     V.int32_vector(sl, "seqlens_kv", "B")
     if cuq.shape[0] < 1:
@@ -148,6 +170,22 @@ def check_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorAr
     return AttentionShape(batch, total_q, heads_q, heads_kv, head_dim, page, pages,
                           (k.strides[0], k.strides[tok_ax], k.strides[head_ax]),
                           (v.strides[0], v.strides[tok_ax], v.strides[head_ax]))
+
+
+def check_portable_attention(runtime, device: int, t: dict[str, TensorArg], cuq: TensorArg, sl: TensorArg,
+                             pt: TensorArg, ls: TensorArg | None, kv_layout: str) -> AttentionShape:
+    """check_attention for the portable paged kernel (aotc.runtime.attention_portable): one query head a CTA,
+    so any H_q / H_kv group; the page sizes its loaded kernels serve; H_q and B within its grid's y and z."""
+    total_q, heads_q, head_dim, page, heads_kv, pages, tok_ax, head_ax = _check_operands(t, kv_layout)
+    if heads_q == 0:
+        raise ArgumentError("q.shape[1]", 0, "at least one query head")
+    pages_served = served_pages(runtime, device, PORTABLE)
+    if page not in pages_served:
+        raise ArgumentError(f"k_cache.shape[{tok_ax}]", page, f"a page size the loaded kernels serve: {pages_served}")
+    d = _check_metadata(device, t, cuq, sl, pt, ls, total_q, heads_q, heads_kv, head_dim, page, pages, tok_ax,
+                        head_ax)
+    check_grid(d.batch, d.heads_q)
+    return d
 
 
 @dataclass(frozen=True)
@@ -289,8 +327,8 @@ class AttentionPlan(Plan):
         if page_table is None:  # dense KV: the caches as page pools, with a page table of the plan's own
             V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
             batch = max(cuq.shape[0] - 1, 0)
-            served = sorted(int(x[len("paged"):]) for x in runtime.field_values(FAMILY, "layout", device)
-                            if str(x).startswith("paged"))
+            # the Hopper kernels' page sizes, else (none loaded for this device) the portable ones'
+            served = served_pages(runtime, device, FAMILY) or served_pages(runtime, device, PORTABLE)
             self.dense = dense_as_pool(t["k_cache"], t["v_cache"], kv_layout, batch, served)
             t["k_cache"], t["v_cache"] = self.dense.k_pool, self.dense.v_pool
             from . import driver
@@ -301,7 +339,11 @@ class AttentionPlan(Plan):
                            ("cuda", device))
         else:
             pt = as_tensor(page_table, "page_table")
-        d = check_attention(runtime, device, t, cuq, sl, pt, ls, kv_layout)
+        # the longer rows' kernel: the Hopper one where it serves the call, else the portable one
+        self.prefill_family = prefill_family(runtime, device, t["q"], t["k_cache"], kv_layout, causal, window_left,
+                                             softcap, sinks)
+        hopper = self.prefill_family == FAMILY
+        d = (check_attention if hopper else check_portable_attention)(runtime, device, t, cuq, sl, pt, ls, kv_layout)
         softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
         feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal,
                                softmax_scale=softmax_scale)
@@ -311,12 +353,15 @@ class AttentionPlan(Plan):
         dtype = t["q"].dtype
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal,
                   **scales.fields, **feats.fields}
-        kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
+        if hopper:
+            kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
+        else:
+            kernel = runtime.find(PORTABLE, device, portable_fields(wanted))
         if kernel is None and feats.any:
-            raise missing_kernel((FAMILY,), wanted)
+            raise missing_kernel((FAMILY, PORTABLE), wanted)
         if kernel is None:
-            raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} kernel for these fields on this device "
-                                                     f"(build one: aotc build with layout = \"paged{d.page}\")")
+            raise ArgumentError("q/k_cache", wanted, f"a loaded {FAMILY} or {PORTABLE} kernel for these fields on this "
+                                                     f"device (build one: aotc build with layout = \"paged{d.page}\")")
         # the decode rows' kernel, where one is loaded (always causal: bottom-right within the new tokens) and
         # its schedule's limits allow (a batch of 32767 sequences or more, over 65535 KV heads: the paged
         # kernel takes every row)
@@ -333,14 +378,21 @@ class AttentionPlan(Plan):
                                      sinks=feats.sinks, workspace=workspace, k_descale=scales.k,
                                      v_descale=scales.v)
         self.decode_query_len = decode_query_len
-        recipes = _recipes(kernel, t, d, dtype)
-        self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
-                                 for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
-        self._q_recipe = recipes["q"]
+        self.portable = None
+        if hopper:
+            recipes = _recipes(kernel, t, d, dtype)
+            self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
+                                     for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
+            self._q_recipe = recipes["q"]
+            inputs = {"tma_" + n: x.data for n, x in zip("qkv", self.descriptors)}
+        else:  # Q, K and V as pointers with their strides: nothing to encode per token count
+            self.portable = PortableLaunch(kernel, t, d)
+            self.descriptors, self._q_recipe = (), None
+            inputs = self.portable.values
         o_, q_ = t["out"], t["q"]
         lse_strides = (0, 0) if ls is None else ls.strides
         values = {
-            "tma_q": self.descriptors[0].data, "tma_k": self.descriptors[1].data, "tma_v": self.descriptors[2].data,
+            **inputs,
             "o": o_.ptr, "lse": 0 if ls is None else ls.ptr, "cu_seqlens_q": cuq.ptr, "cu_seqlens_kv": 0,
             "page_table": pt.ptr, "seqlens_kv": sl.ptr,
             "batch": d.batch, "seqlen_q": 0, "seqlen_kv": 0, "heads_q": d.heads_q, "heads_kv": d.heads_kv,
@@ -357,11 +409,18 @@ class AttentionPlan(Plan):
         self.shape = d
         # no launch when nothing is left for it: an empty batch, or every sequence a decode row
         self._longer = max_seqlen_q is None or max_seqlen_q > decode_query_len  # the calls' default
-        grid = ragged_grid(multiprocessor_count(device)) if d.batch else (0, 0, 0)
+        self._bound = max_seqlen_q  # the portable grid's default bound (run(max_seqlen_q=PREPARED))
+        if not d.batch:
+            grid = (0, 0, 0)
+        else:
+            grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
         self.bind(kernel, grid, device, values)
-        self._q_slot, self._lse_h_slot = self.slots("tma_q", "lse_stride_h")
+        self._ptr_names = ("tma_q" if hopper else "q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
+        self._q_slot, self._lse_h_slot = self.slots(self._ptr_names[0], "lse_stride_h")
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
-        self._masks = self.masks("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
+        self._masks = self.masks(*self._ptr_names)
+        if self.portable is not None:
+            self.portable.bind(self)
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
         self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs(), **scales.inputs()}
         # the decode rows' split workspace: written by that kernel, so apart from every output and input
@@ -371,7 +430,7 @@ class AttentionPlan(Plan):
         self._rows = {}
         self._total_q = d.total_q
         self._current = self._rows[d.total_q, lse_strides[0]] = _Rows(
-            self.descriptors[0], V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written),
+            self.descriptors[0] if hopper else None, V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written),
             lse_strides[0])
         self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
 
@@ -394,9 +453,12 @@ class AttentionPlan(Plan):
         if l0 is not None:
             ls = dataclasses.replace(l0, shape=(d.heads_q, total_q), strides=(lse_stride_h, l0.strides[1]))
             V.no_self_overlap(ls, "lse")
-        recipe = dataclasses.replace(self._q_recipe, dims=(*self._q_recipe.dims[:2], max(1, total_q)))
-        recipe.check("q")
-        rows = _Rows(DescriptorSlot(recipe, q_.ptr),
+        descriptor = None  # the portable kernel's Q is a pointer
+        if self._q_recipe is not None:
+            recipe = dataclasses.replace(self._q_recipe, dims=(*self._q_recipe.dims[:2], max(1, total_q)))
+            recipe.check("q")
+            descriptor = DescriptorSlot(recipe, q_.ptr)
+        rows = _Rows(descriptor,
                      V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written), lse_stride_h)
         if len(self._rows) >= self.MAX_ROW_COUNTS:
             self._rows.pop(next(iter(self._rows)))
@@ -415,7 +477,7 @@ class AttentionPlan(Plan):
         cu_seqlens_q, seqlens_kv, page_table = cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt
         ptrs = (q, out, lse, cu_seqlens_q, seqlens_kv, page_table)
         if any(p & m for p, m in zip(ptrs, self._masks)):
-            raise self.misaligned(("tma_q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table"), ptrs)
+            raise self.misaligned(self._ptr_names, ptrs)
         self.check_lse(lse)
         if self.decode is not None and not self.decode.launcher.empty:
             self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
@@ -423,9 +485,12 @@ class AttentionPlan(Plan):
                   else max_seqlen_q is None or max_seqlen_q > self.decode_query_len)
         if self.launcher.empty or not longer:
             return
-        data = self._current.descriptor.update(q)
-        if data is not None:
-            self._q_slot.raw = data
+        if self.portable is not None:  # its grid follows the step's bound on its query counts
+            self.portable.set(q, self._bound if max_seqlen_q is PREPARED else max_seqlen_q, self._total_q)
+        else:
+            data = self._current.descriptor.update(q)
+            if data is not None:
+                self._q_slot.raw = data
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
         self._launch(stream)
@@ -451,7 +516,8 @@ class AttentionPlan(Plan):
         rows.spans.check_pointers((out, lse), (q, cu_seqlens_q or cu, seqlens_kv or sl, page_table or pt))
         if rows is not self._current:
             self._current, self._total_q = rows, total_q
-            self._q_slot.raw = rows.descriptor.data
+            if rows.descriptor is not None:
+                self._q_slot.raw = rows.descriptor.data
             self._lse_h_slot.value = rows.lse_stride_h
             if self.decode is not None:
                 self.decode.set_lse_head_stride(rows.lse_stride_h)

@@ -43,13 +43,15 @@ def _layout(test: Callable[[str], bool]) -> Callable[[Any], bool]:
 # entry point (the Runtime method an engine calls) -> the routes that serve it, in dispatch's order of
 # preference (prefill's family="auto" tries the Hopper family first). attention: the Hopper family's
 # "paged<N>" layouts, and sdpa_decode's ragged layout for its decode rows (Runtime.attention runs them
-# when loaded, and the paged kernel alone otherwise).
+# when loaded, and the paged kernel alone otherwise); where no Hopper kernel serves a call, the portable family's
+# "paged<N>" layouts (aotc.runtime.attention_portable).
 ENTRY_POINTS: dict[str, tuple[Route, ...]] = {
     "prefill": (Route("sdpa_prefill_sm90", _layout(lambda s: s == "dense")),
                 Route("sdpa_prefill", _layout(lambda s: s == "dense"))),
     "prefill_ragged": (Route("sdpa_prefill_sm90", _layout(lambda s: s == "ragged")),
                        Route("sdpa_prefill", _layout(lambda s: s == "ragged"))),
     "attention": (Route("sdpa_prefill_sm90", _layout(lambda s: s.startswith("paged"))),
+                  Route("sdpa_prefill", _layout(lambda s: s.startswith("paged"))),
                   Route("sdpa_decode", _layout(lambda s: s == "ragged"), fixed=(("causal", True),), summarized=False)),
     "decode": (Route("sdpa_decode", _layout(lambda s: s in ("", "dense")), fixed=(("causal", True),)),),
     "kv_write": (Route("kv_write"),),
