@@ -9,7 +9,7 @@ pytest.importorskip("cutlass")
 
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
-from aotc.families.sdpa_prefill import PARAMS, TILES, Tile, smem_bytes  # noqa: E402
+from aotc.families.sdpa_prefill import PAGED_PARAMS, PARAMS, TILES, Tile, params, smem_bytes  # noqa: E402
 from aotc.kernels import sdpa_prefill as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -19,6 +19,11 @@ CASES = [
     ("sm_80", "fp16", 64, "ragged", False, "general"),
     ("sm_90", "bf16", 256, "dense", False, "general"),
     ("sm_120a", "fp16", 128, "dense", True, "general"),
+    # Runtime.attention's portable kernel: a page per kv block of D64 (P = block_n), several per block (P <
+    # block_n), a block inside a page (P > block_n), on the archs the specs build it for
+    ("sm_80", "fp16", 64, "paged64", True, "general"),
+    ("sm_90", "bf16", 128, "paged16", True, "general"),
+    ("sm_90", "bf16", 256, "paged128", True, "general"),
 ]
 
 
@@ -38,15 +43,17 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     assert symbol and symbol.encode() in cubin
     assert f".target {arch}" in ptx
 
-    # the parameter table is exactly PARAMS' C layout
+    # the parameter table is exactly the family's list's C layout (PARAMS; paged: PAGED_PARAMS)
+    family_params = params(v)
+    assert family_params is (PAGED_PARAMS if layout.startswith("paged") else PARAMS)
     info = cubin_mod.parse(cubin)
     assert info.arch == arch
     assert symbol in info.kernels
-    params = info.kernels[symbol].params
-    assert len(params) == len(PARAMS)
-    assert KernelABI(symbol, PARAMS).check_layout(params) is None
+    cubin_params = info.kernels[symbol].params
+    assert len(cubin_params) == len(family_params)
+    assert KernelABI(symbol, family_params).check_layout(cubin_params) is None
     want = {"ptr": "u64", "i64": "u64", "i32": "u32", "f32": "f32"}
-    assert _entry_params(ptx, symbol) == [want[p.kind] for p in PARAMS]
+    assert _entry_params(ptx, symbol) == [want[p.kind] for p in family_params]
     assert ".reqntid 128, 1, 1" in ptx  # block = (32 * warps, 1, 1)
 
     # dynamic smem: Q + K + V tiles, the only shared memory the PTX declares
@@ -67,8 +74,13 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
     assert ".local" not in ptx
     # lazy O rescale (a warp vote around the multiplies) exactly where D > block_n
     assert ("vote.sync.any.pred" in ptx) == (head_dim > bn)
-    if head_dim in (64, 128):
+    if head_dim in (64, 128) or layout.startswith("paged"):
         assert built.frame_bytes == 0, f"register spills at ptxas {built.ptxas_level}"
+    if layout.startswith("paged"):
+        # page ids are 32-bit loads (the kernel reads no other global int but the lengths), checked against the
+        # pool's page count with one unsigned compare each (a negative id is a large unsigned one)
+        assert re.search(r"ld\.global(\.\w+)*\.b32", ptx)
+        assert re.search(r"setp\.\w+\.u32", ptx)
 
 
 def test_a_tile_record_builds_that_tile(tmp_path):
@@ -91,8 +103,24 @@ def test_static_mappings(head_dim):
     assert kernel.verify_mappings(head_dim) == []
 
 
-def test_invalid_variant(tmp_path):
-    v = Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=64, layout="ragged",
+@pytest.mark.parametrize("layout", ["ragged", "paged16"])
+def test_invalid_variant(tmp_path, layout):
+    v = Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=64, layout=layout,
                      causal=False, strides="packed")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="packed specialization is for dense layouts"):
         kernel.compile(v, dump_dir=str(tmp_path))
+
+
+def test_a_paged_variant_needs_the_paged_kernel_class():
+    """The two kernel classes have their own parameter lists: compile() picks the class by layout, and a class
+    given the other kind of variant refuses it (its host signature would not be the variant's ABI)."""
+    paged = Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=128, layout="paged32", causal=True,
+                         strides="general")
+    ragged = Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=128, layout="ragged", causal=True,
+                          strides="general")
+    with pytest.raises(ValueError, match="SdpaPrefillPaged"):
+        kernel.SdpaPrefill(paged)
+    with pytest.raises(ValueError, match="compiled by SdpaPrefill "):
+        kernel.SdpaPrefillPaged(ragged)
+    k = kernel.SdpaPrefillPaged(paged)
+    assert (k.page, k.block_pages, k.log2_page, k.pass_rows) == (32, 1, 5, 16)

@@ -88,6 +88,22 @@ def page_size(variant: Variant) -> int:
     return int(layout[len("paged"):]) if layout.startswith("paged") else 0
 
 
+def block_pages(page: int, block_n: int) -> int:
+    """Page-table entries a kv block of block_n keys reads: the pages it spans (P < block_n), or the one it
+    lies in."""
+    return max(1, block_n // page)
+
+
+def pass_source(row: int, page: int, block_n: int) -> tuple[int, int]:
+    """Where the cp.async pass of a K/V tile that starts at tile row `row` (a multiple of the pass's rows,
+    which divide P) reads: (j, slot), the block's j-th page-table entry and the pass's first slot in that
+    page, counted from the block's first slot in its page (0 unless P > block_n, where the block lies inside
+    one page). Plain integers: the kernel's compile-time part of its gather (tests emulate the rest)."""
+    if page < block_n:
+        return row // page, row % page
+    return 0, row
+
+
 def params(variant: Variant) -> tuple[Param, ...]:
     return PAGED_PARAMS if page_size(variant) else PARAMS
 

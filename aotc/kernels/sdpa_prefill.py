@@ -60,7 +60,8 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill import PAGED_PARAMS, PARAMS, TILES, Tile, launch_facts, page_size, smem_bytes
+from ..families.sdpa_prefill import (PAGED_PARAMS, PARAMS, TILES, Tile, block_pages, launch_facts, page_size, pass_source,
+                                     smem_bytes)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .mask import kv_block_range, kv_loop_segments, mask_row, score_limits
 from .seqlen import paged_seq_bounds, seq_bounds
@@ -113,7 +114,7 @@ class SdpaPrefill:
         if paged and (page & (page - 1) or page % self.pass_rows):
             raise ValueError(f"{variant.name}: page {page} is not a power of two multiple of {self.pass_rows} rows")
         self.log2_page = page.bit_length() - 1 if paged else 0
-        self.block_pages = max(1, bn // page) if paged else 0  # page-table entries a kv block reads
+        self.block_pages = block_pages(page, bn) if paged else 0  # page-table entries a kv block reads
         # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2) where a thread's O tile outnumbers its scores
         # (D > block_n: 4x for D128 and D256), +1-4% on the H200; D64 (equal tiles) lost 1-2% with it
         self.lazy_rescale = D > bn
@@ -182,8 +183,8 @@ class SdpaPrefill:
             slot0 = t0 & (self.page - 1)
         for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             row = t0XcX[0, r, 0][0]  # the pass's first row in the block (compile time)
-            j = row // self.page if cutlass.const_expr(self.page < self.bn) else 0
-            slot = slot0 + (row % self.page if cutlass.const_expr(self.page < self.bn) else row)
+            j, pass_slot = pass_source(row, self.page, self.bn)
+            slot = slot0 + pass_slot
             pg = pgs[j]
             # one unsigned compare: a page id outside [0, pages) is never dereferenced
             if cutlass.const_expr(predicated):
@@ -658,7 +659,8 @@ def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
 
     1-2. warp_mma.check_accumulator_views on the S tile (bm, bn) of each checked thread.
     3. gmem<->smem copies: each copy row-iteration r of a thread covers one row, thread 0's
-       row r plus the thread's first row (row predicates).
+       row r plus the thread's first row (row predicates), and iteration r is the pass of rows
+       r * threads/8 .. (r+1) * threads/8 - 1 (a paged gather reads each pass from one page).
     4. O += P V in 64-column chunks: for chunk h, the accumulator tiles and the V fragment tiles
        have the same columns, the ldmatrix view of chunk h writes exactly the registers the
        chunk's MMAs read, and A and B agree on the k-slice.
@@ -689,7 +691,13 @@ def _check_mappings_traced(dtype, head_dim: int, tile: Tile) -> list[str]:
             tX = g2s.get_slice(t).partition_S(cX)
             t0X = g2s.get_slice(0).partition_S(cX)
             row0 = tX[0][0]
+            # paged gathers (load_paged_tile): pass r is rows r*pass_rows .. +pass_rows-1, so it lies in one page
+            if row0 >= threads // 8:
+                errors.append(f"thread {t}: first copy row {row0} is not inside the first pass of {threads // 8} rows")
             for r in range(cute.size(tX, mode=[1])):
+                if t0X[0, r, 0][0] != r * (threads // 8):
+                    errors.append(f"copy row-iteration {r} of {shape} starts at row {t0X[0, r, 0][0]}, "
+                                  f"not {r * (threads // 8)}")
                 sub = tX[None, r, None]
                 for i in range(cute.size(sub)):
                     if sub[i][0] != t0X[0, r, 0][0] + row0:
