@@ -9,15 +9,26 @@ from aotc.runtime.plan import Plan
 
 
 def record_launches(monkeypatch) -> list[dict]:
-    """Every later launch of any plan appends {parameter: value} (descriptors: None) to the returned list."""
+    """Every later launch of any plan appends {parameter: value} (descriptors: None) and its "grid" to the
+    returned list."""
     launched: list[dict] = []
 
     def bind(self, kernel, grid, device, values):
         self.kernel, self.device = kernel, device
         params = ParamBuffer(kernel.artifact.abi)
-        params.update(values)
-        self.launcher = SimpleNamespace(params=params, empty=not all(grid))
-        self._launch = lambda stream: launched.append({n: getattr(s, "value", None) for n, s in params.slots.items()})
+        # as PreparedLaunch: every parameter of the kernel has a value, values of others are not written
+        missing = set(params.slots) - set(values)
+        if missing:
+            raise ValueError(f"no value for parameters {sorted(missing)}")
+        params.update({name: values[name] for name in params.slots})
+        shape = {"grid": tuple(grid)}  # driver.Launcher.set_grid_x rewrites x for later launches
+
+        def set_grid_x(x):
+            shape["grid"] = (x, *shape["grid"][1:])
+
+        self.launcher = SimpleNamespace(params=params, empty=not all(grid), launch=SimpleNamespace(set_grid_x=set_grid_x))
+        self._launch = lambda stream: launched.append({**{n: getattr(s, "value", None) for n, s in params.slots.items()},
+                                                       "grid": shape["grid"]})
         self._params = {p.name: p for p in kernel.artifact.abi.params}
 
     monkeypatch.setattr(Plan, "bind", bind)

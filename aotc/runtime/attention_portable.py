@@ -38,8 +38,9 @@ def portable_fields(wanted: dict) -> list[dict]:
 def prefill_family(runtime, device: int, q, k, kv_layout, causal: bool, window_left, softcap, sinks) -> str:
     """The family of the call's paged prefill kernel: the Hopper one where a loaded kernel of it serves the
     call's dtype, head dim, page size, mask and features on this device, else the portable one where one
-    does; else the Hopper one, whose checks then name what is missing (as before the portable kernel was a
-    choice). q, k: TensorArg records, not yet checked (a malformed call goes the Hopper way, to its errors)."""
+    does. Where none does, the family whose checks then name what is missing: the Hopper one where it has
+    paged kernels for this device (as before the portable kernel was a choice), else the portable one where
+    it has. q, k: TensorArg records, not yet checked (a malformed call goes the Hopper way, to its errors)."""
     if kv_layout not in ("NHD", "HND") or len(q.shape) != 3 or len(k.shape) != 4:
         return HOPPER
     page = k.shape[1 if kv_layout == "NHD" else 2]
@@ -49,7 +50,9 @@ def prefill_family(runtime, device: int, q, k, kv_layout, causal: bool, window_l
         return HOPPER
     if runtime.find(PORTABLE, device, portable_fields(wanted)) is not None:
         return PORTABLE
-    return HOPPER
+    if served_pages(runtime, device, HOPPER) or not served_pages(runtime, device, PORTABLE):
+        return HOPPER
+    return PORTABLE
 
 
 def check_grid(batch: int, heads_q: int) -> None:
