@@ -242,9 +242,9 @@ def test_decode(rt, index):
 
 
 # ---- the serving entry point ----------------------------------------------------------------------------------
-def _paged_variants(rt):
-    vs = [v for v in feature_variants(rt, "sdpa_prefill_sm90", PREFILL_KEY) if str(v[2]).startswith("paged")]
-    assert vs, "the bundle holds no paged sdpa_prefill_sm90 kernel with window, softcap or sinks"
+def _paged_variants(rt, family="sdpa_prefill_sm90"):
+    vs = [v for v in feature_variants(rt, family, PREFILL_KEY) if str(v[2]).startswith("paged")]
+    assert vs, f"the bundle holds no paged {family} kernel with window, softcap or sinks"
     return vs
 
 
@@ -309,9 +309,15 @@ class Mixed:
 def test_attention_mixed_batch(rt, index):
     """rt.attention on a mixed batch (MIXED) for every paged feature variant of sdpa_prefill_sm90 (its decode
     rows on sdpa_decode's ragged kernels), decode_query_len 1 and 4 (the S_q 4 rows on either kernel)."""
+    attention_mixed_batch(rt, index)
+
+
+def attention_mixed_batch(rt, index, family="sdpa_prefill_sm90"):
+    """test_attention_mixed_batch for the paged feature variants of `family` (test_attention_portable.py runs
+    it for the portable family's, on a bundle without Hopper kernels)."""
     gen = torch.Generator(device="cuda").manual_seed(4000 + index)
-    for n, (dtype, D, layout, causal, combo) in enumerate(_paged_variants(rt)):
-        assert causal, f"paged sdpa_prefill_sm90 {dtype} D{D} {layout} [{_features_str(combo)}]: not causal"
+    for n, (dtype, D, layout, causal, combo) in enumerate(_paged_variants(rt, family)):
+        assert causal, f"paged {family} {dtype} D{D} {layout} [{_features_str(combo)}]: not causal"
         f = settings(combo)[index]
         H_q, H_kv = _heads(D, odd_group=index == 2)
         kv_layout = ("NHD", "HND")[(n + index) % 2]
