@@ -81,6 +81,8 @@ def test_compile(tmp_path, arch, dtype, head_dim, layout, causal, strides):
         # pool's page count with one unsigned compare each (a negative id is a large unsigned one)
         assert re.search(r"ld\.global(\.\w+)*\.b32", ptx)
         assert re.search(r"setp\.\w+\.u32", ptx)
+        # a CTA walks its sequence's query tiles gridDim.x apart (any max_seqlen_q covers every row)
+        assert "%nctaid.x" in ptx
 
 
 def test_a_tile_record_builds_that_tile(tmp_path):

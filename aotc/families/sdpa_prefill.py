@@ -20,7 +20,8 @@ S_q > S_kv) gets O = 0 and LSE = -inf. GQA/MQA: query head h reads KV head h // 
 Every dense and ragged variant shares one parameter list (PARAMS), the paged ones another (PAGED_PARAMS).
 The grid is (ceil(max_seqlen_q / block_m), H_q, B), not persistent: for paged calls the runtime takes
 max_seqlen_q per call (a bound on the step's query counts), and tiles past a sequence's queries exit at once,
-so a CUDA graph captured with a bound replays correctly for any batch whose query counts stay within it.
+so a CUDA graph captured with a bound replays correctly for any batch whose query counts stay within it; a
+paged CTA walks its sequence's query tiles gridDim.x apart, so a longer sequence is still computed whole.
 The "packed" stride specialization promises
 dense Q/K/V/O contiguous [B, S, H, D] (strides S*H*D, H*D, D) and LSE contiguous, and
 ignores the stride parameters (32-bit offsets within a batch).
@@ -138,8 +139,9 @@ def launch_facts(variant: Variant, tile: Tile | None = None) -> LaunchFacts:
     return LaunchFacts(
         block=(tile.threads, 1, 1),
         dynamic_smem=smem_bytes(variant["head_dim"], tile),
-        grid_rule=("grid = (ceil(max_seqlen_q / block_m), heads_q, batch); paged: max_seqlen_q is the call's bound on "
-                   "its query counts (tiles past a sequence's queries exit)"),
+        grid_rule="grid = (ceil(max_seqlen_q / block_m), heads_q, batch)" + (
+            "; max_seqlen_q: the call's bound on its query counts (a CTA walks its sequence's query tiles "
+            "gridDim.x apart)" if page_size(variant) else ""),
         extra={"block_m": tile.block_m, "block_n": tile.block_n},
     )
 

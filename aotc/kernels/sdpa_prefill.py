@@ -597,8 +597,9 @@ class SdpaPrefillPaged(SdpaPrefill):
         tidx, m_block, head, bidx = self.tile_coords()
         q_start, s_q, s_kv = paged_seq_bounds(bidx, cu_seqlens_q, seqlens_kv, max_pages, self.page)
 
-        # the grid covers the call's max_seqlen_q: tiles past this sequence's queries do nothing, and a
-        # sequence of fewer than min_seqlen_q queries is the decode kernel's
+        # a sequence of fewer than min_seqlen_q queries is the decode kernel's; the grid's x extent comes from
+        # the call's max_seqlen_q, and a CTA walks its query tiles m_block, m_block + gridDim.x, ... (one when
+        # the bound holds; tiles past this sequence's queries do nothing), so no bound makes a row unwritten
         if m_block * self.bm < s_q and s_q >= min_seqlen_q:
             kv_head = head // (heads_q // heads_kv)
             q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
@@ -614,8 +615,13 @@ class SdpaPrefillPaged(SdpaPrefill):
                                  s_page=cute.assume(v_stride_page, divby=VEC), s_tok=cute.assume(v_stride_token, divby=VEC))
             paged = SimpleNamespace(row=page_table + Int64(bidx) * pt_stride_b, stride_p=pt_stride_p, pages=pages)
             lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
-            self.attend(tidx, m_block, head, s_q, s_kv, mQ, mO, gK, gV, paged,
-                        lse, lse_off, lse_stride_s, write_lse, softmax_scale, softcap, sinks, window_left)
+            n_m, _, _ = cute.arch.grid_dim()
+            m_tiles = (s_q + (self.bm - 1)) // self.bm
+            for m in cutlass.range(m_block, m_tiles, Int32(n_m), unroll=1):
+                self.attend(tidx, m, head, s_q, s_kv, mQ, mO, gK, gV, paged,
+                            lse, lse_off, lse_stride_s, write_lse, softmax_scale, softcap, sinks, window_left)
+                # every warp done reading the epilogue's O from the Q buffer before the next tile's Q lands there
+                cute.arch.barrier()
 
     @cute.jit
     def __call__(

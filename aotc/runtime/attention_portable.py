@@ -8,8 +8,10 @@ descriptor to encode for a new token count), any GQA group (one query head a CTA
 is not persistent: (ceil(bound / block_m), H_q, B), the bound the call's max_seqlen_q (None: the step's
 token count; either cut at the token count), rewritten per call. Tiles past a sequence's queries exit at
 once, so a CUDA graph captured with a bound replays correctly for any batch whose query counts stay within
-it (a replay keeps the captured grid: a step with a longer sequence needs a graph captured with a larger
-bound).
+it; a sequence longer than the bound (a replay keeps its captured grid) is still computed whole, its CTAs
+walking its query tiles gridDim.x apart (slower, never wrong: as on the Hopper kernel, the bound only sizes
+the launch). Without a bound every sequence is given ceil(total_q / block_m) tiles a head, most of which
+exit at once: pass the bound.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ Checks as test_attention.py's (its PagedBatch and blocked fp32 reference, output
 batches (decode rows, S_q 4 rows, 2048-token chunks over prefixes of 0, 1, 15 and 3000 tokens, empty sequences)
 at every page size, NHD and HND, GQA 1/4/8 and a group of 7 (H_q 28 over H_kv 4: no divisor of the Hopper
 kernel's 64-row tiles), D 64/128/256, fp16 and bf16, with and without LSE and max_seqlen_q; NaN in the last
-page's tail at every page size, page ids outside the pool (read as zeros), rows that see no key; and, calling
+page's tail at every page size, page ids outside the pool (read as zeros), rows that see no key, a
+max_seqlen_q below the query counts (the CTAs walk the extra tiles); and, calling
 test_attention.py's and test_features.py's own tests with this runtime, page-table padding of -1 over NaN pages,
 causal=False, a CUDA graph replayed within its captured max_seqlen_q (plan and torch op), steps of other token
 counts on one plan, and the score features the bundle holds. Every test also checks that its plans ran the
@@ -111,6 +112,23 @@ def test_mixed_batch_matches_reference(prt, case):
     io.poison()
     b.attend(prt, io, meta)
     b.check(step, io, f"portable mixed {case_id(case)} lse=None", lse=False, refs=refs)
+    portable_plans(prt)
+
+
+def test_a_bound_below_the_query_counts_still_covers_every_row(prt):
+    """max_seqlen_q below a sequence's query count (a stale bound, or a graph replayed past the one it was
+    captured with): the grid is smaller and each CTA walks its sequence's query tiles gridDim.x apart, so every
+    row is still written (the Hopper kernel reads the counts on the device and never needed the bound)."""
+    gen = torch.Generator(device="cuda").manual_seed(590)
+    seqs = [(2048, 2063), (300, 3300), (4, 130), (1, 17), (129, 129)]
+    b, step, io = PagedBatch.of(seqs, 32, 32, 8, 128, "bf16", "NHD", gen)
+    b.cache.poison(POISON)
+    meta = b.metadata(step)
+    refs = b.references(step, io)
+    for bound in (2, 130, 1000):
+        io.poison()
+        b.attend(prt, io, meta, lse=io.lse, max_seqlen_q=bound, decode_query_len=1)
+        b.check(step, io, f"max_seqlen_q {bound} below the query counts", refs=refs)
     portable_plans(prt)
 
 
