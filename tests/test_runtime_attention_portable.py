@@ -116,12 +116,17 @@ def test_the_gather_reads_each_token_s_row_and_zeros_elsewhere(kv_layout, bn, pa
                 gather_tile(flat, kvh * s_head, s_page, s_tok, pt_row, pages, s_kv, n, bn, page, D, False), got)
 
 
-def test_a_pass_never_crosses_a_page():
+def test_a_pass_is_one_page_s_consecutive_slots():
+    """For any kv-block width a tile might have: pass `row` of the block starting at token t0 reads slots
+    slot0 + slot .. + PASS_ROWS - 1 of the block's j-th page, the page and slots of tokens t0 + row .. ."""
     for page in PAGE_SIZES:
         for bn in (16, 32, 64, 128, 256):
-            for row in range(0, bn, PASS_ROWS):
-                j, slot = pass_source(row, page, bn)
-                assert j < block_pages(page, bn) and (slot % page) + PASS_ROWS <= page or page > bn
+            for t0 in range(0, 4 * max(page, bn), bn):
+                slot0 = t0 % page if page > bn else 0  # the kernel's t0 & (P - 1)
+                for row in range(0, bn, PASS_ROWS):
+                    j, slot = pass_source(row, page, bn)
+                    assert 0 <= j < block_pages(page, bn) and slot0 + slot + PASS_ROWS <= page
+                    assert ((t0 + row) // page, (t0 + row) % page) == (t0 // page + j, slot0 + slot)
 
 
 # ---------------------------------------------------------------------------- dispatch and launches
