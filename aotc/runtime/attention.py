@@ -184,6 +184,7 @@ def check_portable_attention(runtime, device: int, t: dict[str, TensorArg], cuq:
         raise ArgumentError(f"k_cache.shape[{tok_ax}]", page, f"a page size the loaded kernels serve: {pages_served}")
     d = _check_metadata(device, t, cuq, sl, pt, ls, total_q, heads_q, heads_kv, head_dim, page, pages, tok_ax,
                         head_ax)
+    V.int32_extent(pages, "k_cache.shape[0]")  # the kernel bounds page ids by a 32-bit page count
     check_grid(d.batch, d.heads_q)
     return d
 
