@@ -124,12 +124,10 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
-# paged layouts (Runtime.attention; the portable family's page sizes): a kv block is whole TMA boxes of one
-# page each (page < block_n: block_n / page of them), or a box inside one page (page >= block_n, page a
-# multiple of block_n)
-
-
 def page_fits(page: int, block_n: int) -> bool:
+    """Paged layouts (Runtime.attention; the portable family's page sizes): a kv block is whole TMA boxes of one
+    page each (page < block_n: block_n / page of them), or a box inside one page (page >= block_n, page a
+    multiple of block_n)."""
     return block_n % page == 0 if page < block_n else page % block_n == 0
 
 
