@@ -261,7 +261,8 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
             plan8 = rt.prepare_attention(pool.q, k8, v8, out8, pool.cu, pool.sl, pool.pt, k_descale=ks, v_descale=vs,
                                          **bounds)
             facts["fp8_variant"] = plan8.variant.name
-            fns["fp8"] = lambda: (plan8(pool.q, out8, stream=cur()), out8)[1]
+            # a plan holds the pools' and scales' pointers, not the tensors: the closure keeps them alive
+            fns["fp8"] = lambda keep=(k8, v8, ks, vs): (plan8(pool.q, out8, stream=cur()), out8)[1]
         except Exception as e:  # a bundle without the fp8 kernels: the row says why
             facts["fp8_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     B = len(case.seqs)

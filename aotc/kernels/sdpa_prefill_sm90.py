@@ -214,6 +214,7 @@ class SdpaPrefillSm90:
         return 2 + 7 * self.stages + s
 
     CONVERT_WARPS = 3  # fp8 KV: producer warps 1..3 convert the staging tiles
+    CONVERT_UNROLL = 4  # fp8 KV: 16-byte units a conversion thread has in flight
     SCRATCH_BYTES = 512  # fp8 KV: q_to_f16's per-warp maxima, in the barrier block past the mbarriers
 
     def ring(self, g):
@@ -385,26 +386,36 @@ class SdpaPrefillSm90:
         src32 = cute.recast_ptr(src_base, dtype=Int32)
         dst32 = cute.recast_ptr(dst_base, dtype=Int32)
         row_units = self.D // 16
-        words = cute.make_rmem_tensor((4,), Int32)
+        units = self.bn * row_units
+        step = self.CONVERT_WARPS * 32
+        # CONVERT_UNROLL units a thread in flight: their loads issue together, then their conversions and stores
+        words = cute.make_rmem_tensor((4, self.CONVERT_UNROLL), Int32)
         out = cute.make_rmem_tensor((8,), Int32)
-        for u in cutlass.range(ctid, self.bn * row_units, self.CONVERT_WARPS * 32, unroll=1):
-            r = u // row_units
-            col = (u - r * row_units) * 16
-            words.store(cute.make_tensor(src32 + cute.assume((stage * self.bn * self.D + u * 16) // 4, divby=4),
-                                         cute.make_layout(4)).load())
-            for w in cutlass.range_constexpr(4):
-                lo, hi = e4m3x4_to_f16x2x2(words[w])
-                out[2 * w] = lo
-                out[2 * w + 1] = hi
-            if r >= valid_rows:
-                out.fill(0)
-            # the tile's 64-column chunk, its row (128 bytes), the swizzled 16-byte units of columns col .. col+15
-            row_bytes = stage * self.bn * self.D * 2 + (col // TMA_BOX_COLS) * self.bn * 128 + r * 128
-            unit = (col % TMA_BOX_COLS) // 8
-            for h in cutlass.range_constexpr(2):
-                off = row_bytes + ((unit + h) ^ (r % 8)) * 16
-                cute.make_tensor(dst32 + cute.assume(off // 4, divby=4), cute.make_layout(4)).store(
-                    cute.make_tensor(out.iterator + 4 * h, cute.make_layout(4)).load())
+        for u0 in cutlass.range(ctid, units, step * self.CONVERT_UNROLL, unroll=1):
+            for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
+                u = cutlass.min(u0 + j * step, units - 1)  # (past the tile: a unit's load again, not stored)
+                words[None, j].store(cute.make_tensor(
+                    src32 + cute.assume((stage * self.bn * self.D + u * 16) // 4, divby=4), cute.make_layout(4)).load())
+            for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
+                u = u0 + j * step
+                r = u // row_units
+                if r >= valid_rows:  # e4m3 zeros convert to fp16 zeros
+                    for w in cutlass.range_constexpr(4):
+                        words[w, j] = Int32(0)
+                for w in cutlass.range_constexpr(4):
+                    lo, hi = e4m3x4_to_f16x2x2(words[w, j])
+                    out[2 * w] = lo
+                    out[2 * w + 1] = hi
+                if u < units:
+                    # the tile's 64-column chunk, its row (128 bytes), the swizzled 16-byte units of columns col ..
+                    # col + 15
+                    col = (u - r * row_units) * 16
+                    row_bytes = stage * self.bn * self.D * 2 + (col // TMA_BOX_COLS) * self.bn * 128 + r * 128
+                    unit = (col % TMA_BOX_COLS) // 8
+                    for h in cutlass.range_constexpr(2):
+                        off = row_bytes + ((unit + h) ^ (r % 8)) * 16
+                        cute.make_tensor(dst32 + cute.assume(off // 4, divby=4), cute.make_layout(4)).store(
+                            cute.make_tensor(out.iterator + 4 * h, cute.make_layout(4)).load())
         cute.arch.fence_view_async_shared()
         cute.arch.sync_warp()
         if cute.arch.lane_idx() == 0:
