@@ -129,8 +129,8 @@ def derive(row: dict, kind: str) -> None:
     for name, t in us.items():
         if kind == "chunk":
             row[f"{name}_tflops"] = row["flops"] / t / 1e6
-        elif kind == "decode":
-            row[f"{name}_TBps"] = row["kv_bytes"] / t / 1e6
+        elif kind == "decode":  # (fp8: e4m3 bytes, one an element)
+            row[f"{name}_TBps"] = row["kv_bytes"] / (2 if name == "fp8" else 1) / t / 1e6
     if "aotc" in us:
         for name, t in us.items():
             if name != "aotc":
