@@ -344,3 +344,13 @@ def test_capabilities_report_attention_served_by_the_portable_kernels_alone():
     assert rt.capabilities(arch="sm_80")["entry_points"]["attention"]["supported"] is False  # sm_90 cubins
     prefill = rt.capabilities(arch="sm_90a")["entry_points"]["prefill"]
     assert not prefill["supported"]  # paged kernels are not the dense entry point's
+
+
+def test_the_portable_kernel_has_no_fp8_candidate():
+    """The portable family reads 16-bit caches only: an fp8 call gets no candidate (so no portable kernel is ever
+    handed e4m3 pools), a 16-bit one loses the kv_dtype field the portable records do not have."""
+    from aotc.runtime.attention_portable import portable_fields
+
+    wanted = {"dtype": "bf16", "head_dim": 128, "layout": "paged16", "causal": True}
+    assert portable_fields({**wanted, "kv_dtype": "fp8_e4m3"}) == []
+    assert portable_fields({**wanted, "kv_dtype": "bf16"}) == [{**wanted, "strides": "general"}]
