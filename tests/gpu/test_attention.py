@@ -213,21 +213,27 @@ def test_mixed_batch_matches_reference(rt, case):
     query length 0: every row on the paged prefill kernel; 1; 4: the S_q 4 rows too on the decode kernel)
     varied over the cases, then again without LSE, with max_seqlen_q left to the runtime and the default
     split."""
+    mixed_batch(rt, case, MIXED, CASES.index(case), CASES.index(case), "mixed")
+
+
+def mixed_batch(rt, case, seqs, index, seed, label):
+    """test_mixed_batch_matches_reference's body over the batch `seqs` ((s_q, s_kv) per sequence; the decode
+    rows' split from the case's index; test_attention_portable.py runs it on the portable kernels)."""
     dtype, D, page, layout, H_q, H_kv, padded = case
-    gen = torch.Generator(device="cuda").manual_seed(CASES.index(case))
-    b, step, io = PagedBatch.of(MIXED, page, H_q, H_kv, D, dtype, layout, gen, padded=padded,
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, step, io = PagedBatch.of(seqs, page, H_q, H_kv, D, dtype, layout, gen, padded=padded,
                                 extra_cols=2 if padded else 0, pt_pad_cols=5 if padded else 0)
     b.cache.poison(POISON)
     meta = b.metadata(step)
     refs = b.references(step, io)
-    dq = (0, 1, 4)[CASES.index(case) % 3]
+    dq = (0, 1, 4)[index % 3]
     # the bounds an engine passes: max_seqlen_kv >= 8192 runs the widest kv tile (D128 at page 16: 176)
-    b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in MIXED),
-             max_seqlen_kv=max(s_kv for _, s_kv in MIXED), decode_query_len=dq)
-    b.check(step, io, f"mixed {case_id(case)} decode_query_len {dq}", refs=refs)
+    b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in seqs),
+             max_seqlen_kv=max(s_kv for _, s_kv in seqs), decode_query_len=dq)
+    b.check(step, io, f"{label} {case_id(case)} decode_query_len {dq}", refs=refs)
     io.poison()
     b.attend(rt, io, meta)
-    b.check(step, io, f"mixed {case_id(case)} lse=None", lse=False, refs=refs)
+    b.check(step, io, f"{label} {case_id(case)} lse=None", lse=False, refs=refs)
 
 
 def test_rows_that_see_no_key(rt):

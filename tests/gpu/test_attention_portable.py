@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import test_attention as T
-from test_attention import POISON, PagedBatch, reference
+from test_attention import POISON, PagedBatch, case_id, reference
 from test_features import MIXED_SETTINGS, attention_mixed_batch
 
 pytestmark = pytest.mark.gpu
@@ -55,10 +55,6 @@ CASES = [
     ("bf16", 256, 64, "HND", 28, 4, True),
     ("fp16", 256, 128, "HND", 32, 8, False),
 ]
-
-
-def case_id(c):
-    return "{}-D{}-page{}-{}-{}x{}".format(*c[:6]) + ("-padded" if c[6] else "")
 
 
 @pytest.fixture(scope="module")
@@ -98,20 +94,7 @@ def test_mixed_batch_matches_reference(prt, case):
     """The whole MIXED batch in one call with LSE and the engine's bounds (decode_query_len 0: every row on the
     portable kernel; 1; 4: the S_q 4 rows on the decode kernel too), then without LSE, with no max_seqlen_q
     (the grid then covers the token count) and the default split."""
-    dtype, D, page, layout, H_q, H_kv, padded = case
-    gen = torch.Generator(device="cuda").manual_seed(500 + CASES.index(case))
-    b, step, io = PagedBatch.of(MIXED, page, H_q, H_kv, D, dtype, layout, gen, padded=padded,
-                                extra_cols=2 if padded else 0, pt_pad_cols=5 if padded else 0)
-    b.cache.poison(POISON)
-    meta = b.metadata(step)
-    refs = b.references(step, io)
-    dq = (0, 1, 4)[CASES.index(case) % 3]
-    b.attend(prt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in MIXED),
-             max_seqlen_kv=max(s_kv for _, s_kv in MIXED), decode_query_len=dq)
-    b.check(step, io, f"portable mixed {case_id(case)} decode_query_len {dq}", refs=refs)
-    io.poison()
-    b.attend(prt, io, meta)
-    b.check(step, io, f"portable mixed {case_id(case)} lse=None", lse=False, refs=refs)
+    T.mixed_batch(prt, case, MIXED, CASES.index(case), 500 + CASES.index(case), "portable mixed")
     portable_plans(prt)
 
 
