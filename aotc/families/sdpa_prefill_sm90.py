@@ -62,6 +62,9 @@ REGISTERS = {2: (24, 240), 3: (32, 160)}
 # (at 24 registers it spilled at D256, and at D128 ragged; D64 keeps the dense split: 8 bytes of stack
 # in its ragged producer)
 RAGGED_REGISTERS = {2: (40, 232), 3: (32, 160)}
+# fp8 KV (D128, two consumer warpgroups): the conversion warps' staging units in flight need more than 40 registers;
+# D128's consumers fit 224 without spilling (benchmarks/results/paged_varlen_experiment_fp8_convert.json)
+FP8_REGISTERS = (56, 224)
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 BARRIER_BYTES = 1024     # the mbarriers, padded to the 1024-byte alignment of the tiles
 STATIC_SMEM = 1024       # static shared memory the compiled kernel reserves besides the dynamic
@@ -182,11 +185,11 @@ def kv_fp8(variant: Variant) -> bool:
 
 def tma_recipe(variant: Variant, block_n: int) -> dict:
     """How the runtime encodes the three descriptors (plain data, recorded in the bundle). fp8 KV: K and V boxes
-    are whole e4m3 rows (D bytes), unswizzled, into the staging rings (kv_box_cols, kv_swizzle_bytes; a record
-    without them: box_cols and swizzle_bytes, as Q's)."""
+    are whole e4m3 rows (D = 128 bytes), 128-byte swizzled, into the staging rings (kv_box_cols, kv_swizzle_bytes;
+    a record without them: box_cols and swizzle_bytes, as Q's)."""
     page = page_size(variant)
     kv_rows = min(page, block_n) if page else block_n
-    fp8 = {"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": 0} if kv_fp8(variant) else {}
+    fp8 = {"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": 128} if kv_fp8(variant) else {}
     return {
         # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages)
         "rank": 3 if variant["layout"] != "dense" else 4,

@@ -57,8 +57,9 @@ from cutlass.experimental import primitives as prims
 from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, create_tensor_map_tiled
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS, REGISTERS,
-                                          TMA_BOX_COLS, WARPGROUP, Tile, kv_fp8, launch_facts, page_fits, page_size)
+from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, kv_fp8, launch_facts, page_fits,
+                                          page_size)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -136,6 +137,10 @@ class SdpaPrefillSm90:
         self.n_threads = t.threads
         self.consumer_warps = 4 * n_wg
         self.producer_regs, self.consumer_regs = (RAGGED_REGISTERS if self.ragged else REGISTERS)[n_wg]
+        if self.fp8:  # registers for the conversion warps' CONVERT_UNROLL units in flight
+            self.producer_regs, self.consumer_regs = FP8_REGISTERS
+            if D != 128:  # convert_block: an e4m3 row is one 128-byte swizzle atom row
+                raise ValueError(f"kv_dtype fp8_e4m3 needs head_dim 128, not {D}")
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.p_whole = (D, bn) in _P_CONVERTED_WHOLE
@@ -214,7 +219,7 @@ class SdpaPrefillSm90:
         return 2 + 7 * self.stages + s
 
     CONVERT_WARPS = 3  # fp8 KV: producer warps 1..3 convert the staging tiles
-    CONVERT_UNROLL = 4  # fp8 KV: 16-byte units a conversion thread has in flight
+    CONVERT_UNROLL = 6  # fp8 KV: 16-byte units a conversion thread has in flight (8 spilled at 56 registers)
     SCRATCH_BYTES = 512  # fp8 KV: q_to_f16's per-warp maxima, in the barrier block past the mbarriers
 
     def ring(self, g):
@@ -368,8 +373,8 @@ class SdpaPrefillSm90:
     def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
         """fp8 KV, conversion warps (ctid 0 .. 95): K (or V) of ring position g from its e4m3 staging tile to the
         fp16 tile the GEMMs read (cvt.rn.f16x2.e4m3x2, exact), rows from valid_rows on (past the sequence's end:
-        stale pool slots, NaN included) as zeros. A staging row is D bytes; a 16-byte unit of it (16 values)
-        becomes two 16-byte units of the 128-byte-swizzled K-major tile (unit u of row r at u ^ (r % 8)). Waits
+        stale pool slots, NaN included) as zeros. A staging row is D (128) bytes, 128-byte swizzled by TMA; a 16-byte
+        unit of it (16 values) becomes two 16-byte units of the 128-byte-swizzled K-major tile. Waits
         for the staging tile and for the consumers to free the fp16 stage; fences the writes for wgmma's async
         proxy, then each warp arrives on the stage's full barrier and on the staging tile's empty one."""
         bars = storage.bars.data_ptr()
@@ -385,20 +390,32 @@ class SdpaPrefillSm90:
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         src32 = cute.recast_ptr(src_base, dtype=Int32)
         dst32 = cute.recast_ptr(dst_base, dtype=Int32)
-        row_units = self.D // 16
-        units = self.bn * row_units
-        step = self.CONVERT_WARPS * 32
-        # CONVERT_UNROLL units a thread in flight: their loads issue together, then their conversions and stores
+        # Work: (row octet, 16-byte unit) pairs of the tile, one per 8-thread group, a row of the octet per thread.
+        # Both tiles are 128-byte swizzled (the staging tile by TMA: the unit u of row r at u ^ (r % 8)), so
+        # the 8 threads of a group, 8 rows apart in r % 8, load 8 different bank quads and store 8 different
+        # ones: every 16-byte shared access of a quarter warp in one wavefront (with unswizzled staging and a
+        # row per group, each store had two threads on the same banks: twice the wavefronts under ncu, and the fp8
+        # chunk 1.14x slower, benchmarks/results/paged_varlen_experiment_fp8_convert.json)
+        lane8 = ctid & 7
+        group = ctid >> 3
+        groups = self.CONVERT_WARPS * 4
+        row_units = self.D // 16  # 8: one swizzle atom row (D128, FP8_TILES)
+        pairs = (self.bn // 8) * row_units
+        src_stage = stage * (self.bn * self.D // 4)  # Int32 words
+        dst_stage = stage * (self.bn * self.D * 2 // 4)
+        # CONVERT_UNROLL pairs a thread in flight: their loads issue together, then their conversions and stores
         words = cute.make_rmem_tensor((4, self.CONVERT_UNROLL), Int32)
         out = cute.make_rmem_tensor((8,), Int32)
-        for u0 in cutlass.range(ctid, units, step * self.CONVERT_UNROLL, unroll=1):
+        for p0 in cutlass.range(group, pairs, groups * self.CONVERT_UNROLL, unroll=1):
             for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
-                u = cutlass.min(u0 + j * step, units - 1)  # (past the tile: a unit's load again, not stored)
-                words[None, j].store(cute.make_tensor(
-                    src32 + cute.assume((stage * self.bn * self.D + u * 16) // 4, divby=4), cute.make_layout(4)).load())
+                p = cutlass.min(p0 + j * groups, pairs - 1)  # (past the tile: a pair's load again, not stored)
+                r = ((p >> 3) << 3) + lane8
+                src = src_stage + r * (self.D // 4) + (((p & 7) ^ lane8) << 2)
+                words[None, j].store(cute.make_tensor(src32 + cute.assume(src, divby=4), cute.make_layout(4)).load())
             for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
-                u = u0 + j * step
-                r = u // row_units
+                p = p0 + j * groups
+                unit = p & 7
+                r = ((p >> 3) << 3) + lane8
                 if r >= valid_rows:  # e4m3 zeros convert to fp16 zeros
                     for w in cutlass.range_constexpr(4):
                         words[w, j] = Int32(0)
@@ -406,15 +423,12 @@ class SdpaPrefillSm90:
                     lo, hi = e4m3x4_to_f16x2x2(words[w, j])
                     out[2 * w] = lo
                     out[2 * w + 1] = hi
-                if u < units:
-                    # the tile's 64-column chunk, its row (128 bytes), the swizzled 16-byte units of columns col ..
-                    # col + 15
-                    col = (u - r * row_units) * 16
-                    row_bytes = stage * self.bn * self.D * 2 + (col // TMA_BOX_COLS) * self.bn * 128 + r * 128
-                    unit = (col % TMA_BOX_COLS) // 8
+                if p < pairs:
+                    # the unit's 16 values: columns 16 unit .. + 15, two 16-byte units of its 64-column chunk's row
+                    row = dst_stage + (unit >> 2) * (self.bn * 128 // 4) + r * 32
                     for h in cutlass.range_constexpr(2):
-                        off = row_bytes + ((unit + h) ^ (r % 8)) * 16
-                        cute.make_tensor(dst32 + cute.assume(off // 4, divby=4), cute.make_layout(4)).store(
+                        off = row + (((((unit & 3) << 1) + h) ^ lane8) << 2)
+                        cute.make_tensor(dst32 + cute.assume(off, divby=4), cute.make_layout(4)).store(
                             cute.make_tensor(out.iterator + 4 * h, cute.make_layout(4)).load())
         cute.arch.fence_view_async_shared()
         cute.arch.sync_warp()
