@@ -96,9 +96,10 @@ def test_recipes_of_nhd_and_hnd_pools_and_gqa_groups(kv_layout, group):
 
 
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
-def test_fp8_pools_are_whole_e4m3_rows_unswizzled(kv_layout):
-    """An fp8 pool's K/V boxes are a page's rows of D bytes, unswizzled (the kernel's staging rings), byte
-    strides of one byte an element; Q's recipe is the 16-bit one."""
+def test_fp8_pools_are_whole_e4m3_rows_128_byte_swizzled(kv_layout):
+    """An fp8 pool's K/V boxes are a page's rows of D bytes, 128-byte swizzled (the kernel's staging rings, read
+    without bank conflicts by the conversion warps), byte strides of one byte an element; Q's recipe is the
+    16-bit one."""
     H_kv, P, D, pages = 2, 16, 128, 6
     t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, kv_dtype="fp8_e4m3")
     r = _recipes(fake_kernel(D, P, 128, "fp8_e4m3"), t, d, "bf16")
@@ -108,7 +109,18 @@ def test_fp8_pools_are_whole_e4m3_rows_unswizzled(kv_layout):
         x = r[name]
         assert x.dtype == "fp8_e4m3" and x.dims == (D, P, H_kv, pages)
         assert x.strides == (token, head, P * H_kv * D)
-        assert x.box == (D, P, 1, 1) and x.swizzle_bytes == 0
+        assert x.box == (D, P, 1, 1) and x.swizzle_bytes == 128
+
+
+def test_fp8_recipe_is_the_kernels_own():
+    """The swizzle of an fp8 pool's boxes is the one the kernel's bundle recorded (kv_swizzle_bytes), not this
+    runtime's default: a kernel built before 0017eed (unswizzled staging rings, 0) keeps getting unswizzled
+    boxes."""
+    t, d = check(heads_q=8, heads_kv=2, kv_dtype="fp8_e4m3")
+    kernel = fake_kernel(128, 16, 128, "fp8_e4m3")
+    kernel.artifact.launch.extra["tma"]["kv_swizzle_bytes"] = 0
+    r = _recipes(kernel, t, d, "bf16")
+    assert r["k"].swizzle_bytes == r["v"].swizzle_bytes == 0 and r["q"].swizzle_bytes == 128
 
 
 def test_fp8_pools_need_16_element_strides():
