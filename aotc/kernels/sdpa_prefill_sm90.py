@@ -311,7 +311,7 @@ class SdpaPrefillSm90:
     def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
         """K or V of kv block n from its pages (pg: page_id() of each lane), box j into rows
         [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues. fp8 KV: into the staging
-        ring, one box of whole e4m3 rows (D bytes, unswizzled) a page."""
+        ring, one box of whole e4m3 rows (D = 128 bytes, 128-byte swizzled) a page."""
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
@@ -1096,7 +1096,7 @@ class SdpaPrefillSm90:
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
         def desc(ptr, rows, rank, kv=False):
-            fp8 = kv and self.fp8  # whole e4m3 rows, unswizzled (the staging rings)
+            fp8 = kv and self.fp8  # whole e4m3 rows (the staging rings; the runtime's descriptor swizzles them)
             elem_bytes = 1 if fp8 else self.elem_bytes
             dims = [self.D, seqlen_q, heads_q, batch][:rank]
             strides = [heads_q * self.D * elem_bytes // 16, self.D * elem_bytes // 16,
