@@ -4,7 +4,8 @@ KV cache) beside aotc's own ragged-prefill and decode families and FlashAttentio
     python benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out DIR [--quick]
 
 bf16, D 128, H_q/H_kv 32/8, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned
-bottom-right. Each contender is a CUDA graph of 10 calls, the L2 flushed before every replay, the clocks
+bottom-right. aotc's calls pass the bounds an engine has on the host (max_seqlen_q, max_seqlen_kv, min_seqlen_q:
+the row's "bounds"). Each contender is a CUDA graph of 10 calls, the L2 flushed before every replay, the clocks
 settled on it first, the contenders interleaved in rotated order for --rounds rounds (benchmarks/timing.py);
 *_us is the median over rounds, *_spread (max - min) / median. Cases (CASES):
 
@@ -246,12 +247,14 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
     import torch
 
     cur = torch.cuda.current_stream  # graph_time captures on a stream of its own: launch on the current one
-    # the step's bounds, as an engine passes them (vLLM: max_query_len, max_seq_len)
-    bounds = {"max_seqlen_q": pool.max_q, "max_seqlen_kv": max(s_kv for _, s_kv in case.seqs)}
+    # the step's bounds, as an engine knows them on the host (vLLM: max_query_len, max_seq_len, and from its
+    # batch split the fewest queries a sequence has: a chunk alone is no decode row, so no decode launch)
+    bounds = {"max_seqlen_q": pool.max_q, "max_seqlen_kv": max(s_kv for _, s_kv in case.seqs),
+              "min_seqlen_q": min(s_q for s_q, _ in case.seqs)}
     plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, **bounds)
     aa_out = torch.empty_like(pool.out)
     aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, **bounds)
-    facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None)}
+    facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None), "bounds": bounds}
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
            "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}
     if fp8:

@@ -278,6 +278,41 @@ def test_the_decode_rows_still_go_to_the_decode_kernel(device):
     assert len(device.launches) == n and len(dec.launches) == 2
 
 
+def test_a_lower_bound_past_the_decode_rows_gives_the_paged_kernel_every_row(device):
+    """min_seqlen_q > decode_query_len (a step an engine knows holds no decode row): the decode kernel is not
+    launched, and the paged kernel takes every sequence of 1 query or more, so a wrong bound costs speed, never
+    rows; a bound at or below decode_query_len, or none, launches both as before. A plan's prepared bound is its
+    calls' default."""
+    device.cc = (9, 0)
+    rt = Runtime([portable(arch="sm_90"), decode()])
+    q, k, v, o, cu, sl, pt, ls = step()
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, max_seqlen_q=2048, min_seqlen_q=5)
+    (dec,) = StubDecodePlan.made
+    assert not dec.launches and device.launches[-1]["min_seqlen_q"] == 1
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, max_seqlen_q=2048, min_seqlen_q=4)
+    assert len(dec.launches) == 1 and device.launches[-1]["min_seqlen_q"] == 5
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, max_seqlen_q=2048)
+    assert len(dec.launches) == 2 and device.launches[-1]["min_seqlen_q"] == 5
+    plan = A.AttentionPlan(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, min_seqlen_q=2000)
+    plan(q, o, ls)  # the prepared bound
+    assert len(StubDecodePlan.made[-1].launches) == 0 and device.launches[-1]["min_seqlen_q"] == 1
+    plan.checked_run(q.ptr, o.ptr, ls.ptr, min_seqlen_q=None)  # this step: no bound
+    assert len(StubDecodePlan.made[-1].launches) == 1 and device.launches[-1]["min_seqlen_q"] == 5
+    n = len(device.launches)
+    # bounds that contradict each other (max_seqlen_q says decode rows only): the decode kernel's launch alone
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, max_seqlen_q=4, min_seqlen_q=5)
+    assert len(device.launches) == n and len(dec.launches) == 3
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0, "5"])
+def test_a_bad_lower_bound_is_an_argument_error(device, bad):
+    rt = Runtime([portable(arch="sm_90"), decode()])
+    q, k, v, o, cu, sl, pt, ls = step()
+    with pytest.raises(ArgumentError, match="min_seqlen_q"):
+        A.attention(rt, q, k, v, o, cu, sl, pt, ls, min_seqlen_q=bad)
+    assert not device.launches
+
+
 def test_dense_kv_takes_the_portable_page_sizes(device, monkeypatch):
     monkeypatch.setattr(driver, "DeviceBuffer", lambda nbytes: SimpleNamespace(ptr=1 << 45, nbytes=nbytes))
     monkeypatch.setattr(driver, "copy_to_device", lambda ptr, data: None)

@@ -295,33 +295,37 @@ class Runtime:
                           max_seqlen_q: int | None = None, decode_query_len: int = 1,
                           max_seqlen_kv: int | None = None,
                           window_left: int | None = None, softcap: float | None = None, sinks=None,
-                          workspace=None, k_descale=None, v_descale=None):
+                          workspace=None, k_descale=None, v_descale=None, min_seqlen_q: int | None = None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
         [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call. workspace: the decode
         rows' split workspace (rt.decode_workspace_bytes), None for the device's shared arena (plans sharing it,
         the one-call attention's cached plans included, must not run on two streams at once: give such a plan
         a workspace of its own, or use a Runtime per stream). k_descale, v_descale: an fp8_e4m3 cache's fp32
-        scales [H_kv] or [1] (attention over k_fp8 * k_descale, v_fp8 * v_descale; aotc.runtime.kv_scales)."""
+        scales [H_kv] or [1] (attention over k_fp8 * k_descale, v_fp8 * v_descale; aotc.runtime.kv_scales).
+        max_seqlen_q, min_seqlen_q: the bounds on the query counts the plan's calls use (see attention())."""
         from .attention import AttentionPlan
 
         return AttentionPlan(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                              softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
                              decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, window_left=window_left,
                              softcap=softcap, sinks=sinks, workspace=workspace, k_descale=k_descale,
-                             v_descale=v_descale)
+                             v_descale=v_descale, min_seqlen_q=min_seqlen_q)
 
     def attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, *, lse=None,
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                   max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
                   stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None,
-                  k_descale=None, v_descale=None) -> None:
+                  k_descale=None, v_descale=None, min_seqlen_q: int | None = None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
         included; page_table; None for dense caches [B, S_max, H_kv, D], read as pages of the same memory),
         bottom-right causal per sequence, into out (and lse). Sequences of at most
         decode_query_len queries (1, or 1 + speculative tokens) run on the decode kernel, longer ones on
         the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
-        latter's launch, max_seqlen_kv (optional) >= 8192 picks its widest kv tile. Both kernels read the
+        latter's launch; min_seqlen_q (optional, a lower bound on the query counts of the sequences: vLLM's
+        num_decodes == 0 knows one) > decode_query_len skips the decode kernel's and gives the paged kernel
+        every row (a wrong one costs speed, never rows); max_seqlen_kv (optional) >= 8192 picks its widest kv
+        tile. Both kernels read the
         lengths on the device, and neither bound is part of the cached plan's key. window_left, softcap,
         sinks: the score features (aotc.runtime.features), in both kernels. k_descale, v_descale: an fp8_e4m3
         cache's scales (see prepare_attention)."""
@@ -330,7 +334,8 @@ class Runtime:
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
                   decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream,
-                  window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale)
+                  window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
+                  min_seqlen_q=min_seqlen_q)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
                          k_scale=None, v_scale=None):

@@ -22,7 +22,11 @@ the call on this device, the portable one (sdpa_prefill, layout pagedP: mma.sync
 from the call's max_seqlen_q; aotc.runtime.attention_portable). So the plan holds no per-step
 schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
 decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the paged prefill kernel; a
-max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its launch. max_seqlen_kv (a
+max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its launch, and a min_seqlen_q >
+decode_query_len (a lower bound: a step an engine knows holds no decode row, vLLM's num_decodes == 0) skips the
+decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
+decode kernel's launch, with nothing to do, costs about 5 us a step before a 70 us chunk: the paged chunk's
+x_dense in benchmarks/results/paged_varlen.json). max_seqlen_kv (a
 bound on the KV lengths, as engines pass it) of LONG_KV or more picks the paged kernel's widest kv tile
 where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), as for dense prefill.
 
@@ -313,7 +317,7 @@ class AttentionPlan(Plan):
                  causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                  max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
                  window_left: int | None = None, softcap: float | None = None, sinks=None, workspace=None,
-                 k_descale=None, v_descale=None):
+                 k_descale=None, v_descale=None, min_seqlen_q: int | None = None):
         """workspace: the decode rows' split workspace (DecodePlan's: a caller's buffer; None: room in the
         device's arena, aotc.runtime.workspace). k_descale, v_descale: an fp8_e4m3 cache's scales
         (aotc.runtime.kv_scales)."""
@@ -322,7 +326,7 @@ class AttentionPlan(Plan):
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
         sl = as_tensor(seqlens_kv, "seqlens_kv")
         ls = None if lse is None else as_output(lse, "lse")
-        check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
+        check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q)
         device = runtime.device()
         self.dense = None
         if page_table is None:  # dense KV: the caches as page pools, with a page table of the plan's own
@@ -410,6 +414,7 @@ class AttentionPlan(Plan):
         self.shape = d
         # no launch when nothing is left for it: an empty batch, or every sequence a decode row
         self._longer = max_seqlen_q is None or max_seqlen_q > decode_query_len  # the calls' default
+        self._no_decode_rows = self.no_decode_rows(min_seqlen_q)  # likewise
         self._bound = max_seqlen_q  # the portable grid's default bound (run(max_seqlen_q=PREPARED))
         if not d.batch:
             grid = (0, 0, 0)
@@ -418,7 +423,7 @@ class AttentionPlan(Plan):
         self.bind(kernel, grid, device, values)
         self._ptr_names = ("tma_q" if hopper else "q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._q_slot, self._lse_h_slot = self.slots(self._ptr_names[0], "lse_stride_h")
-        self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
+        self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table", "min_seqlen_q")
         self._masks = self.masks(*self._ptr_names)
         if self.portable is not None:
             self.portable.bind(self)
@@ -466,11 +471,17 @@ class AttentionPlan(Plan):
         self._rows[total_q, lse_stride_h] = rows
         return rows
 
+    def no_decode_rows(self, min_seqlen_q: int | None) -> bool:
+        """Whether a step with this lower bound on its query counts leaves the decode kernel nothing (it is not
+        launched then, and the paged kernel takes every row)."""
+        return self.decode is not None and min_seqlen_q is not None and min_seqlen_q > self.decode_query_len
+
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
-            stream: int = 0, max_seqlen_q: int | None | object = PREPARED) -> None:
+            stream: int = 0, max_seqlen_q: int | None | object = PREPARED,
+            min_seqlen_q: int | None | object = PREPARED) -> None:
         """One step with new raw pointers for the token count the plan was last given (0: the prepared
-        metadata tensor); max_seqlen_q: this step's bound on its query counts (None: no bound; by default
-        the prepared one)."""
+        metadata tensor); max_seqlen_q, min_seqlen_q: this step's bounds on its query counts (None: no bound;
+        by default the prepared ones)."""
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         cu, sl, pt = self._prepared
@@ -480,10 +491,11 @@ class AttentionPlan(Plan):
         if any(p & m for p, m in zip(ptrs, self._masks)):
             raise self.misaligned(self._ptr_names, ptrs)
         self.check_lse(lse)
-        if self.decode is not None and not self.decode.launcher.empty:
-            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
         longer = (self._longer if max_seqlen_q is PREPARED
                   else max_seqlen_q is None or max_seqlen_q > self.decode_query_len)
+        alone = longer and (self._no_decode_rows if min_seqlen_q is PREPARED else self.no_decode_rows(min_seqlen_q))
+        if self.decode is not None and not self.decode.launcher.empty and not alone:
+            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
         if self.launcher.empty or not longer:
             return
         if self.portable is not None:  # its grid follows the step's bound on its query counts
@@ -494,6 +506,7 @@ class AttentionPlan(Plan):
                 self._q_slot.raw = data
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
+        s[5].value = 1 if alone else self.decode_query_len + 1  # the sequences it takes: 1 query or more
         self._launch(stream)
 
     def _check_dense(self, page_table: int) -> None:
@@ -503,7 +516,8 @@ class AttentionPlan(Plan):
 
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
                     page_table: int = 0, stream: int = 0, total_q: int | None = None,
-                    lse_stride_h: int | None = None, max_seqlen_q: int | None | object = PREPARED) -> None:
+                    lse_stride_h: int | None = None, max_seqlen_q: int | None | object = PREPARED,
+                    min_seqlen_q: int | None | object = PREPARED) -> None:
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
         and lse's head stride; None: as the last call), after checking that out and lse overlap no input;
         nothing about the plan changes for a call refused."""
@@ -522,7 +536,7 @@ class AttentionPlan(Plan):
             self._lse_h_slot.value = rows.lse_stride_h
             if self.decode is not None:
                 self.decode.set_lse_head_stride(rows.lse_stride_h)
-        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q)
+        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q, min_seqlen_q)
 
     def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
         """One step on tensors laid out as the prepared ones (metadata: None keeps the prepared tensors)."""
@@ -540,11 +554,12 @@ class AttentionPlan(Plan):
                          None if recs[2] is None else recs[2].strides[0])
 
 
-def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len) -> None:
+def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q=None) -> None:
     """The call's scalar arguments (the one-call path checks them before building its key, the plan when made)."""
     if not isinstance(causal, bool):
         raise ArgumentError("causal", causal, "True or False")
     V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")
+    V.optional_count(min_seqlen_q, "min_seqlen_q", "a lower bound on the query counts of the step's sequences")
     V.optional_count(max_seqlen_kv, "max_seqlen_kv", "a bound on the step's KV lengths")
     V.int_in(decode_query_len, "decode_query_len", 0, DECODE_MAX_Q,
              ": sequences of at most this many queries go to the decode kernel")
@@ -583,14 +598,15 @@ def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
 
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
-              window_left=None, softcap=None, sinks=None, stream=None, k_descale=None, v_descale=None) -> None:
+              window_left=None, softcap=None, sinks=None, stream=None, k_descale=None, v_descale=None,
+              min_seqlen_q=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count (and whatever the stream: a CUDA graph captured on its own stream after a warm-up
     call reuses it)."""
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks, k_descale,
                          v_descale)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
-    check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len)
+    check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
     s = as_stream(stream)
@@ -606,7 +622,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
                              0 if page_table is None else page_table.data_ptr(), s,
-                             total_q, None if lse is None else lse.stride(0), max_seqlen_q)
+                             total_q, None if lse is None else lse.stride(0), max_seqlen_q, min_seqlen_q)
             return
     recs = [None if x is None else (as_output if n in ("out", "lse") else as_tensor)(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
@@ -624,7 +640,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,
-                     s, total_q, None if lsr is None else lsr.strides[0], max_seqlen_q)
+                     s, total_q, None if lsr is None else lsr.strides[0], max_seqlen_q, min_seqlen_q)
 
 
 def _rows_free(seen: tuple) -> tuple:

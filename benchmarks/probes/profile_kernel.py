@@ -7,7 +7,7 @@
 Arguments: family (prefill; prefill-fa3: FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the
 same tensors, for side-by-side profiles, kernel regex:flash; decode: paged KV, 16-token pages in random order; decode-dense: KV as
 [B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000),
-S, causal.
+S, causal[, softcap] (prefill, prefill-fa3: a logits soft-cap, e.g. 50).
 """
 import os
 import sys
@@ -22,6 +22,7 @@ import aotc.runtime  # noqa: E402
 rt = aotc.runtime.load(os.environ.get("AOTC_PROFILE_BUNDLE")
                        or str(Path(__file__).resolve().parents[2] / "artifacts" / "default.aotc"))
 family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
+softcap = float(sys.argv[5]) if len(sys.argv) > 5 else None
 if family in ("prefill", "prefill-fa3"):
     B, H = max(1, 16384 // S), 16
     q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
@@ -32,9 +33,9 @@ if family in ("prefill", "prefill-fa3"):
         fa3 = import_fa3()
     for _ in range(4):
         if family == "prefill":
-            rt.prefill(q, k, v, out, causal=causal)
+            rt.prefill(q, k, v, out, causal=causal, softcap=softcap)
         else:
-            fa3.flash_attn_func(q, k, v, causal=causal)
+            fa3.flash_attn_func(q, k, v, causal=causal, softcap=softcap or 0.0)
 elif family in ("decode", "decode-dense"):
     B, page, H_q, H_kv = D // 1000 or 64, 16, 32, 8  # D argument reused as B*1000 for decode runs
     D = 128

@@ -354,6 +354,27 @@ def test_torch_functional_form(rt, ops):
     b.check(step, io, "aotc.torch.attention(out=, lse=)", refs=refs)
 
 
+
+@pytest.mark.parametrize("bound", ["right", "wrong"])
+@pytest.mark.parametrize("via", ["runtime", "op"])
+def test_a_lower_bound_on_query_counts_keeps_every_row(rt, ops, bound, via):
+    """min_seqlen_q > decode_query_len skips the decode kernel's launch and gives the paged kernel every row:
+    right (chunks only, over prefixes, and an empty sequence) or wrong (decode rows, S_q 4 rows and a 1-key
+    row in the step after all), every row matches the reference and nothing past them is written."""
+    gen = torch.Generator(device="cuda").manual_seed(109)
+    seqs = [(2048, 2063), (0, 9), (300, 30300), (17, 17)]
+    if bound == "wrong":
+        seqs += [(1, 4000), (4, 130), (1, 1), (1, 17)]
+    b, step, io = PagedBatch.of(seqs, 16, 32, 8, 128, "bf16", "NHD", gen)
+    b.cache.poison(POISON)
+    meta = b.metadata(step)
+    bounds = dict(max_seqlen_q=2048, max_seqlen_kv=30300, min_seqlen_q=17)
+    if via == "runtime":
+        b.attend(rt, io, meta, lse=io.lse, **bounds)
+    else:
+        ops.attention(io.q, b.cache.k, b.cache.v, *meta, out=io.out, lse=io.lse, **bounds)
+    b.check(step, io, f"min_seqlen_q 17 ({bound}) via {via}")
+
 def _refusals(b, io, meta):
     """(call(**overrides), overrides, names the message may blame): bad arguments of rt.attention."""
     q, out, lse = io.q, io.out, io.lse
