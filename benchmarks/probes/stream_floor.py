@@ -63,8 +63,14 @@ def main() -> None:
     for r in rows:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rounds": a.rounds, "rows": rows},
-                                          indent=1))
+        from datetime import datetime, timezone
+
+        from benchmarks.bench_runtime import git_commit
+
+        header = {"git_commit": git_commit(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "gpu": torch.cuda.get_device_name(), "command": "python benchmarks/probes/stream_floor.py",
+                  "rounds": a.rounds}
+        Path(a.out).write_text(json.dumps({**header, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
