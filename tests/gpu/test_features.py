@@ -163,6 +163,36 @@ def test_prefill_dense(rt, family, index):
                 _check(out[b], None, refs[b], dtype, f.softcap, f"{what} lse=None batch {b}")
 
 
+@pytest.mark.parametrize("softcap", [30.0, 50.0])
+@pytest.mark.parametrize("family", PREFILL_FAMILIES)
+def test_softcap_logits_within_and_beyond_the_cap(rt, family, softcap):
+    """Soft-cap over logits within the cap (most logits of the models that use one; test_prefill_dense's reach
+    several times the cap) and beyond it, in one launch: head 0's logits about N(0, (softcap / 8)^2), head 1's
+    about N(0, (2 softcap)^2), head 2's like head 0's but for a few keys 24 times larger; every soft-cap dense
+    variant, against the fp64 reference."""
+    vs = [v for v in _prefill_variants(rt, family, "dense") if "softcap" in v[4]]
+    if not vs:
+        pytest.skip(f"the bundle holds no dense {family} kernel with softcap")
+    S, H = 1000, 3
+    for dtype, D, _, causal, combo in vs:
+        torch.manual_seed(D + int(softcap))
+        scale = D ** -0.5
+        q, k, v = (alloc(1, S, H, D, dtype, "bshd") for _ in range(3))
+        for h, sigma in enumerate((softcap / 8, 2 * softcap, softcap / 8)):
+            amp = math.sqrt(sigma / (scale * math.sqrt(D)))
+            q[:, :, h].mul_(amp), k[:, :, h].mul_(amp)
+        k[:, 100::300, 2].mul_(24.0)
+        out = alloc(1, S, H, D, dtype, "bshd", fill=math.nan)
+        lse = torch.full((1, H, S), math.nan, device="cuda")
+        sinks = make_sinks("mixed", H) if "sinks" in combo else None
+        kw = {"window_left": 127 if "window" in combo else None, "softcap": softcap, "sinks": sinks}
+        rt.prefill(q, k, v, out, lse, causal=causal, family=family, **kw)
+        torch.cuda.synchronize()
+        ref = reference(q[0], k[0], v[0], **_ref_kw(kw, causal, scale))
+        _check(out[0], lse[0], ref, dtype, softcap, f"{family} {dtype} D{D} causal={causal} [{_features_str(combo)}] "
+                                                    f"softcap {softcap} within and beyond the cap")
+
+
 @pytest.mark.parametrize("index", range(N_SETTINGS))
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
 def test_prefill_ragged(rt, family, index):
