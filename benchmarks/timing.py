@@ -92,3 +92,13 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int) -> dict
         for n in names[k:] + names[:k]:
             samples[n].append(contenders[n]())
     return samples
+
+
+def medians(samples: dict[str, list[float]], unit: str) -> tuple[dict[str, float], dict[str, float]]:
+    """interleaved()'s samples as (median by name, row fields {name}_{unit} and {name}_spread = (max - min) /
+    median)."""
+    med = {n: statistics.median(ts) for n, ts in samples.items()}
+    fields = {f"{n}_{unit}": v for n, v in med.items()}
+    fields.update({f"{n}_spread": (max(ts) - min(ts)) / med[n] for n, ts in samples.items()})
+    return med, fields
+

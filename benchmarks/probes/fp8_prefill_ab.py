@@ -8,7 +8,6 @@ x_aa = fp8_a_us / aa_us, and each side's max |error| against fp32 attention over
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from benchmarks.bench_paged_varlen import CASES, Pool, max_abs_err  # noqa: E402
-from benchmarks.timing import graph_time, interleaved  # noqa: E402
+from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
 
 def main() -> None:
@@ -48,9 +47,8 @@ def main() -> None:
         row = {"case": case.name, "variant": getattr(getattr(plans["fp8_a"], "variant", None), "name", None)}
         row.update({f"{n}_max_abs_err": max_abs_err(pool, o) for n, o in outs.items()})
         samples = interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in fns.items()}, args.rounds)
-        med = {n: statistics.median(ts) for n, ts in samples.items()}
-        row.update({f"{n}_us": v for n, v in med.items()})
-        row.update({f"{n}_spread": (max(ts) - min(ts)) / med[n] for n, ts in samples.items()})
+        med, fields = medians(samples, "us")
+        row.update(fields)
         row.update(x_b=med["fp8_a"] / med["fp8_b"], x_aa=med["fp8_a"] / med["aa"],
                    b_over_bf16=med["fp8_b"] / med["bf16"], a_over_bf16=med["fp8_a"] / med["bf16"])
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

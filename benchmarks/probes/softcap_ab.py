@@ -11,7 +11,6 @@ softcap_a_ms / softcap_b_ms, x_aa = softcap_a_ms / aa_ms, b_over_plain, a_over_p
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
-from benchmarks.timing import event_time, interleaved  # noqa: E402
+from benchmarks.timing import event_time, interleaved, medians  # noqa: E402
 
 CAP = 50.0
 
@@ -51,7 +50,7 @@ def main() -> None:
         for name, rt, cap in (("softcap_a", rt_a, CAP), ("softcap_b", rt_b, CAP), ("aa", rt_a, CAP),
                               ("plain", rt_a, None)):
             out = outs[name] = torch.full_like(q, float("nan"))
-            fns[name] = lambda rt=rt, out=out, cap=cap: rt.prefill(q, k, v, out, causal=True, softcap=cap)
+            fns[name] = lambda rt=rt, out=out, cap=cap, qkv=(q, k, v): rt.prefill(*qkv, out, causal=True, softcap=cap)
             fns[name]()
         torch.cuda.synchronize()
         rows = torch.tensor([0, 1, 175, 176, 4095, 8191])
@@ -60,9 +59,8 @@ def main() -> None:
         row.update({f"{n}_max_abs_err": (o[:, rows].float() - ref).abs().max().item()
                     for n, o in outs.items() if n != "plain"})
         samples = interleaved({n: (lambda fn=fn: event_time(fn, flush)[0]) for n, fn in fns.items()}, args.rounds)
-        med = {n: statistics.median(ts) for n, ts in samples.items()}
-        row.update({f"{n}_ms": v for n, v in med.items()})
-        row.update({f"{n}_spread": (max(ts) - min(ts)) / med[n] for n, ts in samples.items()})
+        med, fields = medians(samples, "ms")
+        row.update(fields)
         row.update(x_b=med["softcap_a"] / med["softcap_b"], x_aa=med["softcap_a"] / med["aa"],
                    b_over_plain=med["softcap_b"] / med["plain"], a_over_plain=med["softcap_a"] / med["plain"])
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
