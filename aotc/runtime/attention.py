@@ -25,8 +25,8 @@ decode_query_len=0 (or no loaded ragged decode kernel) gives every row to the pa
 max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its launch, and a min_seqlen_q >
 decode_query_len (a lower bound: a step an engine knows holds no decode row, vLLM's num_decodes == 0) skips the
 decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
-decode kernel's launch, with nothing to do, costs about 5 us a step before a 70 us chunk: the paged chunk's
-x_dense in benchmarks/results/paged_varlen.json). max_seqlen_kv (a
+decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
+rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a
 bound on the KV lengths, as engines pass it) of LONG_KV or more picks the paged kernel's widest kv tile
 where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), as for dense prefill.
 
