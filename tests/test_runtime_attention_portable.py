@@ -143,8 +143,9 @@ def portable(page=16, arch="sm_80", dtype="bf16", head_dim=128, **features):
                     strides="general", **features)
 
 
-def hopper(page=16, dtype="bf16", head_dim=128):
-    return stand_in(HOPPER, "sm_90a", dtype=dtype, head_dim=head_dim, layout=f"paged{page}", causal=True, block_n=128)
+def hopper(page=16, dtype="bf16", head_dim=128, block_n=128):
+    return stand_in(HOPPER, "sm_90a", dtype=dtype, head_dim=head_dim, layout=f"paged{page}", causal=True,
+                    block_n=block_n)
 
 
 def decode(page=16, dtype="bf16", head_dim=128):
@@ -303,6 +304,21 @@ def test_a_lower_bound_past_the_decode_rows_gives_the_paged_kernel_every_row(dev
     A.attention(rt, q, k, v, o, cu, sl, pt, ls, decode_query_len=4, max_seqlen_q=4, min_seqlen_q=5)
     assert len(device.launches) == n and len(dec.launches) == 3
 
+
+
+def test_the_paged_kernel_runs_its_widest_kv_tile_from_paged_long_kv(device):
+    """max_seqlen_kv >= PAGED_LONG_KV (4096, half dense prefill's LONG_KV) picks the 176-key tile, a smaller bound
+    or none the 128-key one; the choice is part of the one-call path's plan key, so both plans stay cached."""
+    device.cc = (9, 0)
+    rt = Runtime([hopper(block_n=128), hopper(block_n=176)])
+    q, k, v, o, cu, sl, pt, ls = step()
+    bounds = (None, 2048, A.PAGED_LONG_KV - 1, A.PAGED_LONG_KV, 1 << 20)
+    widths = [A.AttentionPlan(rt, q, k, v, o, cu, sl, pt, ls, max_seqlen_kv=b).kernel.variant["block_n"]
+              for b in bounds]
+    assert A.PAGED_LONG_KV == 4096 and widths == [128, 128, 128, 176, 176]
+    for b in bounds:
+        A.attention(rt, q, k, v, o, cu, sl, pt, ls, max_seqlen_kv=b)
+    assert sorted(p.kernel.variant["block_n"] for p in set(rt.plans.values())) == [128, 176]
 
 @pytest.mark.parametrize("bad", [-1, True, 2.0, "5"])
 def test_a_bad_lower_bound_is_an_argument_error(device, bad):

@@ -324,7 +324,7 @@ class Runtime:
         the paged prefill kernel; max_seqlen_q (optional, an upper bound) <= decode_query_len skips the
         latter's launch; min_seqlen_q (optional, a lower bound on the query counts of the sequences: vLLM's
         num_decodes == 0 knows one) > decode_query_len skips the decode kernel's and gives the paged kernel
-        every row (a wrong one costs speed, never rows); max_seqlen_kv (optional) >= 8192 picks its widest kv
+        every row (a wrong one costs speed, never rows); max_seqlen_kv (optional) >= 4096 picks its widest kv
         tile. Both kernels read the
         lengths on the device, and neither bound is part of the cached plan's key. window_left, softcap,
         sinks: the score features (aotc.runtime.features), in both kernels. k_descale, v_descale: an fp8_e4m3

@@ -27,8 +27,9 @@ decode_query_len (a lower bound: a step an engine knows holds no decode row, vLL
 decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
 decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
 rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a
-bound on the KV lengths, as engines pass it) of LONG_KV or more picks the paged kernel's widest kv tile
-where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), as for dense prefill.
+bound on the KV lengths, as engines pass it) of PAGED_LONG_KV or more picks the paged kernel's widest kv tile
+where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), from half dense prefill's
+LONG_KV.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
@@ -57,7 +58,7 @@ from .features import check_features, feature_scalars, missing_kernel
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .kv_scales import check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
-from .prefill import LONG_KV, hopper_candidates
+from .prefill import hopper_candidates
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 from .attention_portable import PORTABLE, PortableLaunch, check_grid, portable_fields, prefill_family, served_pages
@@ -66,6 +67,10 @@ FAMILY = "sdpa_prefill_sm90"
 DECODE = "sdpa_decode"
 
 ENTRY = "attention"
+# max_seqlen_kv from which the paged kernel runs its widest kv tile: at D128 page 16 the 176-key tile ran
+# 1.02-1.06x the 128-key one from 4096 keys (chunks of 512 and 2048 queries, a mixed step) and 1.00x at 2048
+# (benchmarks/results/paged_varlen_experiment_tile_threshold.json); dense prefill keeps LONG_KV
+PAGED_LONG_KV = 4096
 PREPARED = object()  # run()'s max_seqlen_q default: the bound the plan was prepared with
 DTYPES = ("fp16", "bf16")
 
@@ -359,7 +364,8 @@ class AttentionPlan(Plan):
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal,
                   **scales.fields, **feats.fields}
         if hopper:
-            kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
+            kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0,
+                                                                     PAGED_LONG_KV))
         else:
             kernel = runtime.find(PORTABLE, device, portable_fields(wanted))
         if kernel is None and feats.any:
@@ -608,7 +614,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
-    long_kv = max_seqlen_kv is not None and max_seqlen_kv >= LONG_KV
+    long_kv = max_seqlen_kv is not None and max_seqlen_kv >= PAGED_LONG_KV
     s = as_stream(stream)
     scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers

@@ -227,11 +227,11 @@ class PrefillPlan(Plan):
                          0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
 
 
-def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> list[dict]:
+def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int, long_kv: int = LONG_KV) -> list[dict]:
     """The field sets to look for, best first: every loaded block_n, widest first for a long kv loop
-    (seqlen_kv >= LONG_KV), narrowest first otherwise; then any block_n (a bundle of an older aotc)."""
+    (seqlen_kv >= long_kv), narrowest first otherwise; then any block_n (a bundle of an older aotc)."""
     widths = sorted((n for n in runtime.field_values(HOPPER, "block_n", device) if n is not None),
-                    reverse=seqlen_kv >= LONG_KV)
+                    reverse=seqlen_kv >= long_kv)
     return [{**wanted, "block_n": n} for n in widths] + [wanted]
 
 

@@ -1,0 +1,61 @@
+"""The paged entry point's two D128 kv tiles on steps whose keys are fewer than LONG_KV: Runtime.attention plans
+for a 2048-token chunk over prefixes of 0, 2048 and 4096 tokens (bench_paged_varlen's shapes), a 512-token
+chunk over 3584, and a mixed step (a 2048-token chunk over 4096 and 63 decode rows at 4096), one plan with the
+step's real max_seqlen_kv (the 128-key tile below aotc.runtime.prefill.LONG_KV) and one told max_seqlen_kv =
+LONG_KV (the 176-key tile), timed in interleaved rounds with an A/A twin of the first.
+
+    python benchmarks/probes/paged_tile_ab.py BUNDLE [--rounds 7]
+
+Prints one JSON line per prefix: n128_us, n176_us, aa_us, x_176 = n128_us / n176_us, x_aa, each plan's variant
+and max |error| against fp32 attention.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch  # noqa: E402
+
+import aotc.runtime  # noqa: E402
+from aotc.runtime.prefill import LONG_KV  # noqa: E402
+from benchmarks.bench_paged_varlen import Case, Pool, chunk_case, max_abs_err  # noqa: E402
+from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bundle")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    rt = aotc.runtime.load(args.bundle)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
+    cur = torch.cuda.current_stream
+    cases = [chunk_case(p) for p in (0, 2048, 4096)] + [
+        Case("chunk512_prefix3584", "chunk", ((512, 4096),)),
+        Case("mixed_chunk2048_prefix4096_decode63x4096", "mixed", ((2048, 6144),) + ((1, 4096),) * 63)]
+    for case in cases:
+        pool = Pool(case.seqs, seed=1)
+        max_kv = max(s for _, s in case.seqs)
+        fns, outs, row = {}, {}, {"case": case.name, "max_seqlen_kv": max_kv}
+        for name, bound in (("n128", max_kv), ("n176", LONG_KV), ("aa", max_kv)):
+            out = outs[name] = torch.full_like(pool.out, float("nan"))
+            plan = rt.prepare_attention(pool.q, pool.k, pool.v, out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q,
+                                        max_seqlen_kv=bound,
+                                        min_seqlen_q=min(s_q for s_q, _ in case.seqs))
+            row[f"{name}_variant"] = plan.variant.name
+            fns[name] = lambda plan=plan, out=out, q=pool.q: plan(q, out, stream=cur())
+            fns[name]()
+        torch.cuda.synchronize()
+        row.update({f"{n}_max_abs_err": max_abs_err(pool, o) for n, o in outs.items()})
+        samples = interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in fns.items()}, args.rounds)
+        med, fields = medians(samples, "us")
+        row.update(fields)
+        row.update(x_176=med["n128"] / med["n176"], x_aa=med["n128"] / med["aa"])
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        del pool, fns, outs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
