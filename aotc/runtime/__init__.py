@@ -325,8 +325,8 @@ class Runtime:
         latter's launch; min_seqlen_q (optional, a lower bound on the query counts of the sequences: vLLM's
         num_decodes == 0 knows one) > decode_query_len skips the decode kernel's and gives the paged kernel
         every row (a wrong one costs speed, never rows); max_seqlen_kv (optional) >= 4096 picks its widest kv
-        tile. Both kernels read the
-        lengths on the device, and neither bound is part of the cached plan's key. window_left, softcap,
+        tile. Both kernels read the lengths on the device, and no bound is part of the cached plan's key (only
+        the kv tile max_seqlen_kv picks). window_left, softcap,
         sinks: the score features (aotc.runtime.features), in both kernels. k_descale, v_descale: an fp8_e4m3
         cache's scales (see prepare_attention)."""
         from .attention import attention

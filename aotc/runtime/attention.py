@@ -26,10 +26,9 @@ max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its 
 decode_query_len (a lower bound: a step an engine knows holds no decode row, vLLM's num_decodes == 0) skips the
 decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
 decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
-rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a
-bound on the KV lengths, as engines pass it) of PAGED_LONG_KV or more picks the paged kernel's widest kv tile
-where the bundle has one (D128 at page 16: 176 keys, FA3's tile, against 128), from half dense prefill's
-LONG_KV.
+rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
+PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128 at page 16: 176
+keys, FA3's tile, against 128), from half dense prefill's LONG_KV.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages

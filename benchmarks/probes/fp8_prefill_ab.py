@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
-from benchmarks.bench_paged_varlen import CASES, Pool, max_abs_err  # noqa: E402
+from benchmarks.bench_paged_varlen import CASES, Pool, max_abs_err, rounded  # noqa: E402
 from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main() -> None:
         row.update(fields)
         row.update(x_b=med["fp8_a"] / med["fp8_b"], x_aa=med["fp8_a"] / med["aa"],
                    b_over_bf16=med["fp8_b"] / med["bf16"], a_over_bf16=med["fp8_a"] / med["bf16"])
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        print(json.dumps(rounded(row)), flush=True)
         del pool, k8, v8, fns, outs
         torch.cuda.empty_cache()
 

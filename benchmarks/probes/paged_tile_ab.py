@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from aotc.runtime.prefill import LONG_KV  # noqa: E402
-from benchmarks.bench_paged_varlen import Case, Pool, chunk_case, max_abs_err  # noqa: E402
+from benchmarks.bench_paged_varlen import Case, Pool, chunk_case, max_abs_err, rounded  # noqa: E402
 from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def main() -> None:
         med, fields = medians(samples, "us")
         row.update(fields)
         row.update(x_176=med["n128"] / med["n176"], x_aa=med["n128"] / med["aa"])
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        print(json.dumps(rounded(row)), flush=True)
         del pool, fns, outs
         torch.cuda.empty_cache()
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
+from benchmarks.bench_paged_varlen import rounded  # noqa: E402
 from benchmarks.timing import event_time, interleaved, medians  # noqa: E402
 
 CAP = 50.0
@@ -63,7 +64,7 @@ def main() -> None:
         row.update(fields)
         row.update(x_b=med["softcap_a"] / med["softcap_b"], x_aa=med["softcap_a"] / med["aa"],
                    b_over_plain=med["softcap_b"] / med["plain"], a_over_plain=med["softcap_a"] / med["plain"])
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        print(json.dumps(rounded(row)), flush=True)
         del q, k, v, fns, outs
         torch.cuda.empty_cache()
 

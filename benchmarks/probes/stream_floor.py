@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_fp8_kv import L2_CLEAR_BYTES  # noqa: E402
+from benchmarks.bench_paged_varlen import rounded  # noqa: E402
 from benchmarks.timing import graph_time, interleaved  # noqa: E402
 
 SIZES = {"fp8_b1x32768": 67_108_864, "bf16_b1x32768": 134_217_728,
@@ -61,7 +62,7 @@ def main() -> None:
         for half, full in (("fp8_b1x32768", "bf16_b1x32768"), ("window_b16x4097", "plain_b16x32768")):
             by[(reader, half)][f"TBps_over_{full}"] = by[(reader, half)]["TBps"] / by[(reader, full)]["TBps"]
     for r in rows:
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+        print(json.dumps(rounded(r)), flush=True)
     if a.out:
         from datetime import datetime, timezone
 
