@@ -5,9 +5,10 @@
         python3 benchmarks/probes/profile_kernel.py prefill 128 2048 0
 
 Arguments: family (prefill; prefill-fa3: FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the
-same tensors, for side-by-side profiles, kernel regex:flash; decode: paged KV, 16-token pages in random order; decode-dense: KV as
-[B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000),
-S, causal[, softcap] (prefill, prefill-fa3: a logits soft-cap, e.g. 50).
+same tensors, for side-by-side profiles: its kernel is cutlass's device_kernel, so --kernel-name
+regex:device_kernel; decode: paged KV, 16-token pages in random order; decode-dense: KV as [B, H_kv, S, D]
+contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000), S, causal[, softcap]
+(prefill, prefill-fa3: a logits soft-cap, e.g. 50).
 """
 import os
 import sys
