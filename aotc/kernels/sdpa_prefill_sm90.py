@@ -44,7 +44,9 @@ Q/K/V past the tensor end read as zero (TMA out-of-bounds fill).
 
 Epilogue per consumer warpgroup: O / rowsum -> fp16/bf16 -> its O staging slab in smem (its Q
 slab for D256 and for D128 at block_n 176, which have no room for one; Q is then released after the
-slab is read back) -> 128-bit stores of the rows < S_q; LSE by one thread per quad.
+slab is read back) -> 128-bit stores of the rows < S_q; LSE by one thread per quad. Storing O straight from
+the accumulator registers instead (4-byte stores) to free Q earlier cost 4-8% more cycles
+(benchmarks/results/prefill_experiment_o_direct_stores.json).
 """
 from types import SimpleNamespace
 
@@ -90,7 +92,9 @@ _PAIRS_MIN_TILES_PER_HEAD = 2
 # explicit pairs (hopper.store_converted_pairs). D256 at block_n 80: ptxas then splits its PV GEMM into
 # five wgmma groups (the 40-value P is half converted singly and merged with PRMTs between the wgmmas),
 # yet in same-process A/B runs the paired conversion, one group, measured 0.94-0.99x of it (mean 0.98;
-# benchmarks/results/prefill_experiment_d256_pv_grouping.json, prefill_experiment_d128_block_n_176.json).
+# benchmarks/results/prefill_experiment_d256_pv_grouping.json, prefill_experiment_d128_block_n_176.json), and
+# 3-4% more cycles under ncu at base clocks (prefill_experiment_d256_pv_one_group.json): with five groups the
+# wait for S also waits for most of the PV GEMM, and the softmax then does not run beside it.
 # Every other width that is not a power of two needs the pairs: at D128 block_n 176, ptxas serialized all
 # 11 PV wgmmas.
 _P_CONVERTED_WHOLE = {(256, 80)}
@@ -509,6 +513,8 @@ class SdpaPrefillSm90:
                         mask_columns(S_mn, r, ctx.cS_mn, ctx.row_lim[r] - key0)
                 else:
                     mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
+            # FA3's order (every row's max and alpha, then the exp2s), or O's rescale written between the exp2s,
+            # measured no faster (benchmarks/results/prefill_experiment_softmax_order.json)
             alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
             ctx.alpha[r] = alpha
 
