@@ -1,0 +1,100 @@
+"""A/B of prefill kernels in SM cycles under Nsight Compute at base clocks (and FA3 beside them).
+
+    python benchmarks/probes/cycles_ab.py --bundle artifacts/default.aotc --bundle artifacts/exp.aotc --fa3 \
+        --shape 128:16384:1 --shape 256:4096:0
+
+Each (contender, shape) runs benchmarks/probes/profile_kernel.py in a process of its own under
+`ncu --clock-control base --metrics ...`, which counts the kernel's cycles with the SM clock held at base. The count
+does not move with the clock and power state that timed A/B runs share: launches of one cubin land within about 1%
+(benchmarks/results/prefill_experiment_d256_pv_one_group.json), where the same cubins timed have measured 0.94-1.03
+apart. Cycles are not time, though: under a power limit a kernel that does less work can run at a higher clock.
+Report the two side by side.
+
+Prints one JSON line per shape: per contender (a bundle's file stem, or fa3) the cycles and the tensor pipe's active
+% of each profiled launch, and x_<contender> = the first bundle's fewest cycles / the contender's (> 1: fewer
+cycles than the first bundle). Shapes are D:S:causal with B = 16384 / S, H 16, bf16 (profile_kernel.py's).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+PROFILE_KERNEL = Path(__file__).resolve().parent / "profile_kernel.py"
+CYCLES = "sm__cycles_elapsed.avg"
+TENSOR = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+DEFAULT_SHAPES = ("128:8192:0", "128:16384:1", "256:4096:0", "256:16384:0")
+# a metric line of ncu's text report: name, unit (absent for unitless metrics), value with thousands separators
+_METRIC_LINE = re.compile(r"^\s+([a-z0-9_]+__[\w.]+)\s+(?:\S+\s+)?([\d,]+(?:\.\d+)?)\s*$")
+
+
+def parse_metrics(report: str) -> dict[str, list[float]]:
+    """ncu's text report -> each metric's values, one per profiled launch in launch order."""
+    values: dict[str, list[float]] = {}
+    for line in report.splitlines():
+        m = _METRIC_LINE.match(line)
+        if m:
+            values.setdefault(m.group(1), []).append(float(m.group(2).replace(",", "")))
+    return values
+
+
+def parse_shape(text: str) -> tuple[int, int, bool]:
+    """'D:S:causal' -> (D, S, causal); a bad one is an error naming it and the expected form."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or parts[2] not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected D:S:causal, e.g. 128:16384:1")
+    d, s, c = int(parts[0]), int(parts[1]), parts[2] == "1"
+    if d not in (64, 128, 256) or s < 1 or 16384 % s:
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: D must be 64, 128 or 256 and S divide 16384")
+    return d, s, c
+
+
+def ncu_command(shape: tuple[int, int, bool], fa3: bool, launches: int) -> list[str]:
+    """The ncu command line that profiles one contender on one shape (aotc's kernel, or FA3's device_kernel)."""
+    d, s, causal = shape
+    return ["ncu", "--clock-control", "base", "--metrics", f"{CYCLES},{TENSOR}",
+            "--kernel-name", "regex:device_kernel" if fa3 else "regex:sdpa_prefill",
+            "--launch-skip", "1", "--launch-count", str(launches),
+            sys.executable, str(PROFILE_KERNEL), "prefill-fa3" if fa3 else "prefill", str(d), str(s), str(int(causal))]
+
+
+def profile(shape, bundle: str | None, launches: int) -> dict:
+    env = dict(os.environ)
+    if bundle:
+        env["AOTC_PROFILE_BUNDLE"] = bundle
+    run = subprocess.run(ncu_command(shape, bundle is None, launches), capture_output=True, text=True, env=env,
+                         timeout=300)
+    values = parse_metrics(run.stdout)
+    if run.returncode != 0 or len(values.get(CYCLES, [])) != launches:
+        raise RuntimeError(f"ncu on {bundle or 'fa3'} {shape}: exit {run.returncode}, "
+                           f"{len(values.get(CYCLES, []))} of {launches} launches profiled\n{run.stdout[-2000:]}"
+                           f"{run.stderr[-2000:]}")
+    return {"sm_cycles": values[CYCLES], "tensor_active_pct": values.get(TENSOR, [])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", action="append", required=True, help="a bundle (repeat; the first is the reference)")
+    ap.add_argument("--fa3", action="store_true", help="profile FlashAttention-3 (the fa3-fwd wheel) too")
+    ap.add_argument("--shape", action="append", type=parse_shape, help=f"D:S:causal (repeat; default {DEFAULT_SHAPES})")
+    ap.add_argument("--launches", type=int, default=2, help="profiled launches per contender, after one warm-up")
+    args = ap.parse_args()
+    names = [Path(b).stem for b in args.bundle]
+    if len(set(names)) != len(names):
+        ap.error(f"--bundle: two bundles share a file stem ({names}); name them apart")
+    for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
+        d, s, causal = shape
+        row = {"D": d, "S": s, "B": 16384 // s, "H": 16, "causal": causal, "dtype": "bf16"}
+        contenders = {name: profile(shape, bundle, args.launches) for name, bundle in zip(names, args.bundle)}
+        if args.fa3:
+            contenders["fa3"] = profile(shape, None, args.launches)
+        ref = min(contenders[names[0]]["sm_cycles"])
+        row["contenders"] = contenders
+        row.update({f"x_{n}": round(ref / min(c["sm_cycles"]), 4) for n, c in contenders.items()})
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""benchmarks/probes/cycles_ab.py needs no GPU to check how it reads ncu's report and what it runs."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.probes.cycles_ab import CYCLES, TENSOR, ncu_command, parse_metrics, parse_shape
+
+# two launches as ncu 2025 printed them on the H200 (kernel names shortened)
+REPORT = """==PROF== Connected to process 671 (/usr/bin/python3.12)
+==PROF== Profiling "device_kernel": 0%....50%....100% - 1 pass
+done
+[671] python3.12@127.0.0.1
+  void device_kernel<...>(Params) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    ---------------------------------------------------------------------- ----------- ------------
+    Metric Name                                                            Metric Unit Metric Value
+    ---------------------------------------------------------------------- ----------- ------------
+    sm__cycles_elapsed.avg                                                       cycle 2,464,916.85
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active           %        87.15
+    smsp__inst_executed.sum                                                       inst  468,102,779
+    ---------------------------------------------------------------------- ----------- ------------
+
+  void device_kernel<...>(Params) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    ---------------------------------------------------------------------- ----------- ------------
+    Metric Name                                                            Metric Unit Metric Value
+    ---------------------------------------------------------------------- ----------- ------------
+    sm__cycles_elapsed.avg                                                       cycle 2,458,506.35
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active           %        87.26
+    smsp__inst_executed.sum                                                       inst  468,107,002
+    ---------------------------------------------------------------------- ----------- ------------
+"""
+
+
+def test_parse_metrics_reads_every_launch_in_order():
+    values = parse_metrics(REPORT)
+    assert values[CYCLES] == [2464916.85, 2458506.35]
+    assert values[TENSOR] == [87.15, 87.26]
+    assert values["smsp__inst_executed.sum"] == [468102779.0, 468107002.0]
+    assert parse_metrics("==PROF== No kernels were profiled.\n") == {}
+
+
+def test_shapes_are_checked():
+    assert parse_shape("128:16384:1") == (128, 16384, True)
+    assert parse_shape("256:4096:0") == (256, 4096, False)
+    for bad in ("128:16384", "128:16384:2", "96:4096:0", "128:3000:1", "a:b:c"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--shape"):
+            parse_shape(bad)
+
+
+def test_ncu_command_profiles_the_contenders_kernel_at_base_clocks():
+    aotc = ncu_command((128, 8192, False), fa3=False, launches=2)
+    fa3 = ncu_command((128, 8192, False), fa3=True, launches=3)
+    assert aotc[:3] == ["ncu", "--clock-control", "base"]
+    assert aotc[aotc.index("--kernel-name") + 1] == "regex:sdpa_prefill"
+    assert fa3[fa3.index("--kernel-name") + 1] == "regex:device_kernel"
+    assert fa3[fa3.index("--launch-count") + 1] == "3"
+    assert aotc[-4:] == ["prefill", "128", "8192", "0"]
+    assert fa3[-4:] == ["prefill-fa3", "128", "8192", "0"]
