@@ -134,6 +134,9 @@ class SdpaPrefillSm90:
                              f"{list(FP8_TILES)}")
         self.mma_dtype = cutlass.Float16 if self.fp8 else dtype
         self.sep_o = t.separate_o(D, self.fp8)
+        # (a tile without room for an O tile of its own stages O in Q's slab; staging it in the last kv block's V
+        # stage instead, FA3's smem_o over smem_v, with Q released after the last S GEMM, took 7% more SM cycles at
+        # D128 S 8192: benchmarks/results/prefill_release_q_after_pv.json, branch exp-o-in-v)
         self.n_wg_rows = n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
         self.n_wg = n_wg = t.consumer_warpgroups
         if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
@@ -624,13 +627,16 @@ class SdpaPrefillSm90:
         warpgroup.wait_group(1)  # S(t) done; PV(t-1) may still run
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + self.k_empty(s))
-        if cutlass.const_expr(self.sep_o):
-            if t == n_iter - 1:
-                self.release_q(ctx)  # the tile's last S GEMM is done: the next tile's Q may load
         self.softmax(ctx, acc_S, n_max - 1 - t, masked)
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
+        if cutlass.const_expr(self.sep_o):
+            # the tile's last S GEMM is done: the next tile's Q may load. Not before the softmax: a branch while
+            # the PV GEMM is in flight made ptxas wait for it ahead of the whole softmax (D128-128 and D64 lost
+            # the softmax's overlap with PV: 2-3.6% more SM cycles; benchmarks/results/prefill_release_q_after_pv.json)
+            if t == n_iter - 1:
+                self.release_q(ctx)
         self.rescale_o(ctx)
         self.store_p(ctx, acc_S)
 

@@ -275,7 +275,9 @@ if mode == "fp8":  # every fp8 KV kernel of the bundle (AOTC_TEST_BUNDLE: a bund
 elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
-    prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"), picks=[(128, "dense", False)])
+    # (the widest tiles stage O in Q's slab and release it last: causal and ragged too)
+    prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"),
+                  picks=[(128, "dense", False), (128, "dense", True), (128, "ragged", True)])
     attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)])  # the paged layouts' V-tail zeroing, barriers
     feature_cases(["sdpa_prefill_sm90"])  # the window's left-edge and skipped blocks in the warp-specialized loop
 else:
