@@ -629,9 +629,13 @@ class SdpaPrefillSm90:
             cute.arch.mbarrier_arrive(bars + self.k_empty(s))
         self.softmax(ctx, acc_S, n_max - 1 - t, masked)
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
-        if ctx.lane == 0:
-            cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
+        # V(t-1)'s stage is free since this wait. ptxas moves the wait up into the softmax, next to the stage
+        # arrives; for the tiles without an O tile of their own (D128-176, D256) the V arrive after O's rescale and
+        # P's conversion leaves more of the softmax's exp2s before it (D128-176: 17 of 88, against 3) and took 1.7-2.7%
+        # fewer SM cycles (D256 0.8%), but 0.8% more for D128-128 (benchmarks/results/prefill_release_v_late.json)
         if cutlass.const_expr(self.sep_o):
+            if ctx.lane == 0:
+                cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
             # the tile's last S GEMM is done: the next tile's Q may load. Not before the softmax: a branch while
             # the PV GEMM is in flight made ptxas wait for it ahead of the whole softmax (D128-128 and D64 lost
             # the softmax's overlap with PV: 2-3.6% more SM cycles; benchmarks/results/prefill_release_q_after_pv.json)
@@ -639,6 +643,9 @@ class SdpaPrefillSm90:
                 self.release_q(ctx)
         self.rescale_o(ctx)
         self.store_p(ctx, acc_S)
+        if cutlass.const_expr(not self.sep_o):
+            if ctx.lane == 0:
+                cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
 
     @cute.jit
     def last_block(self, ctx, n_iter, g0):
