@@ -6,7 +6,7 @@ only as far as ptxas leaves the PV wait below it, and ptxas moves that wait up: 
 barriers' arrives, and ahead of any branch taken while PV is in flight. A branch there (Q's release in the
 last iteration) once put the wait above the whole softmax of the D128 block_n 128 and D64 loops, unnoticed, at
 2-4% of their SM cycles (benchmarks/results/prefill_release_q_after_pv.json); V's arrive after O's rescale moved
-it below 17 of D128-176's 88 exp2s, from 3 (prefill_release_v_late.json). These tests hold the loops to what
+it below 17 of D128-176's 90 exp2s, from 3 (prefill_release_v_late.json). These tests hold the loops to what
 was measured: the exp2s issued before the PV wait, and no branch between the two waits.
 
 The disassembler is nvdisasm (the test extra installs nvidia-cuda-nvdisasm; NVDISASM names another).
@@ -75,17 +75,11 @@ def steady_loops(cubin: bytes, tmp_path: Path) -> list[list[str]]:
     return loops
 
 
-def exp2s_before_pv_wait(body: list[str]) -> int:
-    """MUFU.EX2 issued between the wait for S (wait_group 1) and the wait for PV (wait_group 0)."""
+def between_waits(body: list[str]) -> list[str]:
+    """The instructions between the wait for S (wait_group 1) and the wait for PV (wait_group 0)."""
     start = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in op)
     end = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in op and i > start)
-    return sum("MUFU.EX2" in op for op in body[start:end])
-
-
-def branches_between_waits(body: list[str]) -> int:
-    start = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in op)
-    end = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in op and i > start)
-    return sum(bool(re.search(r"\bBRA\b", op)) for op in body[start:end])
+    return body[start:end]
 
 
 # (head_dim, block_n, causal): the fewest exp2s before the PV wait over the kernel's kv loops, as compiled for
@@ -107,8 +101,9 @@ def test_the_softmax_overlaps_the_pv_gemm(tmp_path, head_dim, block_n, causal):
                      block_n=block_n)
     loops = steady_loops(kernel.compile(v, dump_dir=str(tmp_path)).cubin, tmp_path)
     assert loops, "no kv loop found in the SASS"
-    counts = [exp2s_before_pv_wait(body) for body in loops]
+    windows = [between_waits(body) for body in loops]
+    counts = [sum("MUFU.EX2" in op for op in w) for w in windows]
     assert min(counts) >= EXP2S_BEFORE_PV_WAIT[head_dim, block_n, causal], (
         f"exp2s before the PV wait per kv loop: {counts}: ptxas now waits for PV earlier in the softmax; "
         "re-measure (benchmarks/probes/cycles_ab.py) before accepting it")
-    assert all(branches_between_waits(body) == 0 for body in loops), "a branch while the PV GEMM is in flight"
+    assert not any(re.search(r"\bBRA\b", op) for w in windows for op in w), "a branch while the PV GEMM is in flight"

@@ -136,7 +136,7 @@ class SdpaPrefillSm90:
         self.sep_o = t.separate_o(D, self.fp8)
         # (a tile without room for an O tile of its own stages O in Q's slab; staging it in the last kv block's V
         # stage instead, FA3's smem_o over smem_v, with Q released after the last S GEMM, took 7% more SM cycles at
-        # D128 S 8192: benchmarks/results/prefill_release_q_after_pv.json, branch exp-o-in-v)
+        # D128 S 8192: benchmarks/results/prefill_release_q_after_pv.json, its o_in_v rows)
         self.n_wg_rows = n_wg_rows = Q_BOX_ROWS  # query rows per consumer warpgroup
         self.n_wg = n_wg = t.consumer_warpgroups
         if D % TMA_BOX_COLS or bm % n_wg_rows or n_wg not in REGISTERS or bn % 16:
@@ -631,7 +631,7 @@ class SdpaPrefillSm90:
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
         # V(t-1)'s stage is free since this wait. ptxas moves the wait up into the softmax, next to the stage
         # arrives; for the tiles without an O tile of their own (D128-176, D256) the V arrive after O's rescale and
-        # P's conversion leaves more of the softmax's exp2s before it (D128-176: 17 of 88, against 3) and took 1.7-2.7%
+        # P's conversion leaves more of the softmax's exp2s before it (D128-176: 17 of 90, against 3) and took 1.7-2.7%
         # fewer SM cycles (D256 0.8%), but 0.8% more for D128-128 (benchmarks/results/prefill_release_v_late.json)
         if cutlass.const_expr(self.sep_o):
             if ctx.lane == 0:
