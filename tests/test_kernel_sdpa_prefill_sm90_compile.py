@@ -54,10 +54,9 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     # O += P V: A (P) is a register list, not a shared-memory descriptor
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.{t}\.{t} \{{[^}}]*\}}, \{{", ptx)
     # P (and O) become 16-bit in packed pairs only: lone cvt.rn.bf16.f32 (then merged by movs between the
-    # PV wgmmas) made ptxas serialize D128 block_n 176's PV GEMM, one wgmma group per instruction (see
-    # hopper.store_converted_pairs); D256 keeps LLVM's own conversion, which measured faster
-    if (head_dim, block_n) not in kernel._P_CONVERTED_WHOLE:
-        assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
+    # PV wgmmas) made ptxas split the PV GEMM into a wgmma group per instruction (D128 block_n 176: 11, D256: 5;
+    # see hopper.store_converted_pairs)
+    assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
     producer, consumer = (RAGGED_REGISTERS if layout != "dense" else REGISTERS)[bm // 64]
     assert 128 * producer + (n_threads - 128) * consumer <= 65536  # within the register file
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)

@@ -121,9 +121,9 @@ class Tile:
 # as it has no room of its own, so the next tile's Q waits for the epilogue); 192 measured the same as
 # 176 (benchmarks/results/prefill_experiment_d128_block_n_176.json).
 # FA3 runs its non-causal D128 and D256 tiles in clusters of two CTAs sharing K/V loads (TMA multicast). Built here
-# (benchmarks/experiments/kv_multicast.patch), it took 6-7.5% more SM cycles under ncu, but with a branch in its
-# consumers' release that serialized the softmax after the PV GEMM: unresolved until the branch-free version is
-# measured (benchmarks/results/prefill_experiment_kv_multicast.json).
+# (benchmarks/experiments/kv_multicast.patch), it took 1.0-1.5% more SM cycles under ncu than the same kernel without
+# it (6-7.5% in a first version whose branch in the consumers' release serialized the softmax after the PV GEMM;
+# benchmarks/results/prefill_experiment_kv_multicast.json).
 TILES = {
     (64, 128): Tile(192, 128, 2, True),
     (128, 128): Tile(128, 128, 2, False),

@@ -28,10 +28,11 @@ register file):
   warpgroups 1.., consumers (240 or 160 registers/thread): each owns 64 query rows. Block 0:
       S = Q K^T (wgmma, both operands in smem, fp32), [mask], online softmax, P to fp16/bf16 in
       registers. Block t >= 1: S(t) = Q K(t)^T and O += P(t-1) V(t-1) (wgmma with A from
-      registers, V^T read MN-major from smem) are issued together; the softmax of S(t) runs
-      while the PV GEMM is in flight; then O is rescaled and P(t) replaces P(t-1). Last: O +=
-      P V. Q's buffer is released after the tile's last S GEMM, so the next tile's Q loads
-      during this one's last GEMM and epilogue. Optional ping-pong named barriers make the
+      registers, V^T read MN-major from smem) are issued together, O rescaled by block t-1's
+      factors between the two issues (under the S GEMM); the softmax of S(t) runs while the PV
+      GEMM is in flight; then P(t) replaces P(t-1). Last: O rescaled, O += P V. Q's buffer is
+      released after the tile's last S GEMM, so the next tile's Q loads during this one's last
+      GEMM and epilogue. Optional ping-pong named barriers make the
       warpgroups take turns issuing GEMMs, round robin (TILES says per tile).
 
 The ring's stage and phase follow from a running count of kv blocks that producer and
@@ -88,18 +89,6 @@ _PAIRS_WHENEVER_THEY_FILL_THE_GRID = {64: False, 128: True, 256: True}
 _PAIRS_MIN_TILES_PER_HEAD = 2
 
 
-# Tiles whose P stays converted to 16 bits the way LLVM does it by itself (one vector conversion), not in
-# explicit pairs (hopper.store_converted_pairs). D256 at block_n 80: ptxas then splits its PV GEMM into
-# five wgmma groups (the 40-value P is half converted singly and merged with PRMTs between the wgmmas),
-# yet in same-process A/B runs the paired conversion, one group, measured 0.94-0.99x of it (mean 0.98;
-# benchmarks/results/prefill_experiment_d256_pv_grouping.json, prefill_experiment_d128_block_n_176.json), and
-# 3-4% more cycles under ncu at base clocks (prefill_experiment_d256_pv_one_group.json): with five groups the
-# wait for S also waits for most of the PV GEMM, and the softmax then does not run beside it.
-# Every other width that is not a power of two needs the pairs: at D128 block_n 176, ptxas serialized all
-# 11 PV wgmmas.
-_P_CONVERTED_WHOLE = {(256, 80)}
-
-
 class SdpaPrefillSm90:
     """One Hopper prefill variant: dtype, head dim, dense or ragged, causal or not, and its tile (the
     family's (head_dim, block_n) entry unless a tuner gives another)."""
@@ -150,7 +139,6 @@ class SdpaPrefillSm90:
                 raise ValueError(f"kv_dtype fp8_e4m3 needs head_dim 128, not {D}")
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
-        self.p_whole = (D, bn) in _P_CONVERTED_WHOLE
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
         if self.paged:
@@ -586,11 +574,12 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def store_p(self, ctx, acc_S):
-        """P (the softmax'd S tile) to fp16/bf16 into the PV GEMM's A-operand registers."""
-        if cutlass.const_expr(self.p_whole):
-            ctx.rP.store(acc_S.load().to(self.mma_dtype))
-        else:
-            store_converted_pairs(ctx.rP, acc_S)
+        """P (the softmax'd S tile) to fp16/bf16 into the PV GEMM's A-operand registers, in pairs: D256's 40 values
+        a thread converted whole by LLVM (half singly, merged with PRMTs) split its PV GEMM into five wgmma groups,
+        and the wait for S then waited for most of PV (hopper.store_converted_pairs). The pairs keep one group; with
+        O's rescale after the PV wait they measured 4.8-5.4% more SM cycles than the five groups, with it before the PV
+        issue 3.1-4.1% fewer (benchmarks/results/prefill_rescale_before_pv.json)."""
+        store_converted_pairs(ctx.rP, acc_S)
 
     @cute.jit
     def first_block(self, ctx, n_max, n_iter, g0):
@@ -613,14 +602,19 @@ class SdpaPrefillSm90:
     @cute.jit
     def overlapped_block(self, ctx, t, n_max, n_iter, g0, masked: cutlass.Constexpr):
         """kv iteration t >= 1 (block n = n_max - 1 - t): S(t) = Q K(t)^T and O += P(t-1) V(t-1) are
-        issued together; the softmax of S(t) runs while the PV GEMM is in flight; then O is rescaled
-        and P(t) replaces P(t-1) in the A-operand registers."""
+        issued together, O rescaled by block t-1's factors between them; the softmax of S(t) runs while
+        the PV GEMM is in flight; then P(t) replaces P(t-1) in the A-operand registers."""
         bars = ctx.bars
         s, phase = self.ring(g0 + t)
         sp, phase_p = self.ring(g0 + t - 1)
         cute.arch.mbarrier_wait(bars + self.k_full(s), phase)
         self.sched_sync(ctx)
         acc_S = self.issue_qk(ctx, s)
+        # O's rescale (by block t-1's factors) under the S GEMM, not after the PV wait (FA3's order for D > 128): with
+        # nothing after the softmax that needs O, ptxas no longer pulls the PV wait up to interleave the rescale with
+        # the exp2s. D256 (with P converted in pairs, store_p): 3.1-4.1% fewer SM cycles, D128 and D64 +0.3 to -1.2%
+        # (benchmarks/results/prefill_rescale_before_pv.json)
+        self.rescale_o(ctx)
         cute.arch.mbarrier_wait(bars + self.v_full(sp), phase_p)
         self.issue_pv(ctx, sp)
         self.sched_arrive(ctx)
@@ -630,9 +624,10 @@ class SdpaPrefillSm90:
         self.softmax(ctx, acc_S, n_max - 1 - t, masked)
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
         # V(t-1)'s stage is free since this wait. ptxas moves the wait up into the softmax, next to the stage
-        # arrives; for the tiles without an O tile of their own (D128-176, D256) the V arrive after O's rescale and
-        # P's conversion leaves more of the softmax's exp2s before it (D128-176: 17 of 90, against 3) and took 1.7-2.7%
-        # fewer SM cycles (D256 0.8%), but 0.8% more for D128-128 (benchmarks/results/prefill_release_v_late.json)
+        # arrives; for the tiles without an O tile of their own (D128-176, D256) the V arrive after P's conversion
+        # (then also after O's rescale) left more of the softmax's exp2s before it (D128-176: 17 of 90, against 3) and
+        # took 1.7-2.7% fewer SM cycles (D256 0.8%), but 0.8% more for D128-128
+        # (benchmarks/results/prefill_release_v_late.json)
         if cutlass.const_expr(self.sep_o):
             if ctx.lane == 0:
                 cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
@@ -641,7 +636,6 @@ class SdpaPrefillSm90:
             # the softmax's overlap with PV: 2-3.6% more SM cycles; benchmarks/results/prefill_release_q_after_pv.json)
             if t == n_iter - 1:
                 self.release_q(ctx)
-        self.rescale_o(ctx)
         self.store_p(ctx, acc_S)
         if cutlass.const_expr(not self.sep_o):
             if ctx.lane == 0:
@@ -649,9 +643,10 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def last_block(self, ctx, n_iter, g0):
-        """O += P(last) V(last)."""
+        """O rescaled by the last block's factors, O += P(last) V(last)."""
         bars = ctx.bars
         s, phase = self.ring(g0 + n_iter - 1)
+        self.rescale_o(ctx)
         cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
         self.sched_sync(ctx)
         self.issue_pv(ctx, s)
