@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from benchmarks.probes.cycles_ab import CYCLES, TENSOR, ncu_command, parse_metrics, parse_shape
+from benchmarks.probes.cycles_ab import ACTIVE, CYCLES, TENSOR, ncu_command, parse_metrics, parse_shape
 
 # two launches as ncu 2025 printed them on the H200 (kernel names shortened)
 REPORT = """==PROF== Connected to process 671 (/usr/bin/python3.12)
@@ -59,3 +59,27 @@ def test_ncu_command_profiles_the_contenders_kernel_at_base_clocks():
     assert fa3[fa3.index("--launch-count") + 1] == "3"
     assert aotc[-4:] == ["prefill", "128", "8192", "0"]
     assert fa3[-4:] == ["prefill-fa3", "128", "8192", "0"]
+
+
+def test_ncu_command_asks_for_the_sm_active_cycles_and_any_extra_metric():
+    plain = ncu_command((256, 4096, True), fa3=False, launches=2)
+    extra = ncu_command((256, 4096, True), fa3=False, launches=2, extra=("smsp__inst_executed.sum",))
+    assert plain[plain.index("--metrics") + 1].split(",") == [CYCLES, TENSOR, ACTIVE]
+    assert extra[extra.index("--metrics") + 1].split(",") == [CYCLES, TENSOR, ACTIVE, "smsp__inst_executed.sum"]
+
+
+def test_profile_reports_the_sm_active_share_and_the_extra_metrics(monkeypatch):
+    import subprocess
+
+    from benchmarks.probes import cycles_ab
+
+    active = REPORT.replace("    smsp__inst_executed.sum", f"    {ACTIVE}    cycle 2,218,425.17\n    smsp__inst_executed.sum", 1)
+    active = active.replace("    smsp__inst_executed.sum                                                       inst  468,107,002",
+                            f"    {ACTIVE}    cycle 2,458,506.35\n    smsp__inst_executed.sum    inst  468,107,002")
+    monkeypatch.setattr(cycles_ab.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=active, stderr=""))
+    got = cycles_ab.profile((128, 8192, True), "x.aotc", 2, ("smsp__inst_executed.sum",))
+    assert got["sm_cycles"] == [2464916.85, 2458506.35]
+    assert got["sm_active_pct"] == [90.0, 100.0]
+    assert got["metrics"] == {"smsp__inst_executed.sum": [468102779.0, 468107002.0]}
+    assert "metrics" not in cycles_ab.profile((128, 8192, True), "x.aotc", 2)

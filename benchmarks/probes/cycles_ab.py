@@ -10,8 +10,9 @@ does not move with the clock and power state that timed A/B runs share: launches
 apart. Cycles are not time, though: under a power limit a kernel that does less work can run at a higher clock.
 Report the two side by side.
 
-Prints one JSON line per shape: per contender (a bundle's file stem, or fa3) the cycles and the tensor pipe's active
-% of each profiled launch, and x_<contender> = the first bundle's fewest cycles / the contender's (> 1: fewer
+Prints one JSON line per shape: per contender (a bundle's file stem, or fa3) the cycles, the tensor pipe's active
+% and the SMs' active % of the elapsed cycles (below 100: SMs idle, e.g. in a schedule's tail) of each profiled
+launch, any --metric asked for, and x_<contender> = the first bundle's fewest cycles / the contender's (> 1: fewer
 cycles than the first bundle). Shapes are D:S:causal with B = 16384 / S, H 16, bf16 (profile_kernel.py's).
 """
 import argparse
@@ -25,6 +26,7 @@ from pathlib import Path
 PROFILE_KERNEL = Path(__file__).resolve().parent / "profile_kernel.py"
 CYCLES = "sm__cycles_elapsed.avg"
 TENSOR = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+ACTIVE = "sm__cycles_active.avg"
 DEFAULT_SHAPES = ("128:8192:0", "128:16384:1", "256:4096:0", "256:16384:0")
 # a metric line of ncu's text report: name, unit (absent for unitless metrics), value with thousands separators
 _METRIC_LINE = re.compile(r"^\s+([a-z0-9_]+__[\w.]+)\s+(?:\S+\s+)?([\d,]+(?:\.\d+)?)\s*$")
@@ -51,27 +53,29 @@ def parse_shape(text: str) -> tuple[int, int, bool]:
     return d, s, c
 
 
-def ncu_command(shape: tuple[int, int, bool], fa3: bool, launches: int) -> list[str]:
+def ncu_command(shape: tuple[int, int, bool], fa3: bool, launches: int, extra: tuple[str, ...] = ()) -> list[str]:
     """The ncu command line that profiles one contender on one shape (aotc's kernel, or FA3's device_kernel)."""
     d, s, causal = shape
-    return ["ncu", "--clock-control", "base", "--metrics", f"{CYCLES},{TENSOR}",
+    return ["ncu", "--clock-control", "base", "--metrics", ",".join((CYCLES, TENSOR, ACTIVE) + tuple(extra)),
             "--kernel-name", "regex:device_kernel" if fa3 else "regex:sdpa_prefill",
             "--launch-skip", "1", "--launch-count", str(launches),
             sys.executable, str(PROFILE_KERNEL), "prefill-fa3" if fa3 else "prefill", str(d), str(s), str(int(causal))]
 
 
-def profile(shape, bundle: str | None, launches: int) -> dict:
+def profile(shape, bundle: str | None, launches: int, extra: tuple[str, ...] = ()) -> dict:
     env = dict(os.environ)
     if bundle:
         env["AOTC_PROFILE_BUNDLE"] = bundle
-    run = subprocess.run(ncu_command(shape, bundle is None, launches), capture_output=True, text=True, env=env,
+    run = subprocess.run(ncu_command(shape, bundle is None, launches, extra), capture_output=True, text=True, env=env,
                          timeout=300)
     values = parse_metrics(run.stdout)
     if run.returncode != 0 or len(values.get(CYCLES, [])) != launches:
         raise RuntimeError(f"ncu on {bundle or 'fa3'} {shape}: exit {run.returncode}, "
                            f"{len(values.get(CYCLES, []))} of {launches} launches profiled\n{run.stdout[-2000:]}"
                            f"{run.stderr[-2000:]}")
-    return {"sm_cycles": values[CYCLES], "tensor_active_pct": values.get(TENSOR, [])}
+    return {"sm_cycles": values[CYCLES], "tensor_active_pct": values.get(TENSOR, []),
+            "sm_active_pct": [round(100 * a / c, 2) for a, c in zip(values.get(ACTIVE, []), values[CYCLES])],
+            **({"metrics": {m: values.get(m, []) for m in extra}} if extra else {})}
 
 
 def main() -> None:
@@ -80,6 +84,8 @@ def main() -> None:
     ap.add_argument("--fa3", action="store_true", help="profile FlashAttention-3 (the fa3-fwd wheel) too")
     ap.add_argument("--shape", action="append", type=parse_shape, help=f"D:S:causal (repeat; default {DEFAULT_SHAPES})")
     ap.add_argument("--launches", type=int, default=2, help="profiled launches per contender, after one warm-up")
+    ap.add_argument("--metric", action="append", default=[],
+                    help="another ncu metric to report per launch (repeat), e.g. smsp__inst_executed.sum")
     args = ap.parse_args()
     names = [Path(b).stem for b in args.bundle]
     if len(set(names)) != len(names):
@@ -87,9 +93,10 @@ def main() -> None:
     for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
         d, s, causal = shape
         row = {"D": d, "S": s, "B": 16384 // s, "H": 16, "causal": causal, "dtype": "bf16"}
-        contenders = {name: profile(shape, bundle, args.launches) for name, bundle in zip(names, args.bundle)}
+        extra = tuple(args.metric)
+        contenders = {name: profile(shape, bundle, args.launches, extra) for name, bundle in zip(names, args.bundle)}
         if args.fa3:
-            contenders["fa3"] = profile(shape, None, args.launches)
+            contenders["fa3"] = profile(shape, None, args.launches, extra)
         ref = min(contenders[names[0]]["sm_cycles"])
         row["contenders"] = contenders
         row.update({f"x_{n}": round(ref / min(c["sm_cycles"]), 4) for n, c in contenders.items()})
