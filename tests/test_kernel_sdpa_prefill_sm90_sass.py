@@ -1,7 +1,7 @@
 """The Hopper prefill's kv loop as ptxas scheduled it (SASS of cubins compiled here; no GPU needed).
 
 Each steady kv iteration issues S(t) = Q K(t)^T and O += P(t-1) V(t-1), waits for S (wgmma wait_group 1),
-runs the softmax of S(t) and waits for PV (wait_group 0) before O's rescale. The softmax overlaps the PV GEMM
+runs the softmax of S(t) and waits for PV (wait_group 0) before P(t) replaces P(t-1) in its registers. The softmax overlaps the PV GEMM
 only as far as ptxas leaves the PV wait below it, and ptxas moves that wait up: next to the pipeline
 barriers' arrives, and ahead of any branch taken while PV is in flight. A branch there (Q's release in the
 last iteration) once put the wait above the whole softmax of the D128 block_n 128 and D64 loops, unnoticed, at

@@ -73,11 +73,13 @@ def test_profile_reports_the_sm_active_share_and_the_extra_metrics(monkeypatch):
 
     from benchmarks.probes import cycles_ab
 
-    active = REPORT.replace("    smsp__inst_executed.sum", f"    {ACTIVE}    cycle 2,218,425.17\n    smsp__inst_executed.sum", 1)
-    active = active.replace("    smsp__inst_executed.sum                                                       inst  468,107,002",
-                            f"    {ACTIVE}    cycle 2,458,506.35\n    smsp__inst_executed.sum    inst  468,107,002")
+    def launch(elapsed, active, inst):  # one launch's metric lines, as ncu prints them (the columns need not align)
+        return (f"    {CYCLES}    cycle {elapsed}\n    {TENSOR}    % 87.15\n    {ACTIVE}    cycle {active}\n"
+                f"    smsp__inst_executed.sum    inst {inst}\n")
+
+    report = launch("2,464,916.85", "2,218,425.17", "468,102,779") + launch("2,458,506.35", "2,458,506.35", "468,107,002")
     monkeypatch.setattr(cycles_ab.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=active, stderr=""))
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=report, stderr=""))
     got = cycles_ab.profile((128, 8192, True), "x.aotc", 2, ("smsp__inst_executed.sum",))
     assert got["sm_cycles"] == [2464916.85, 2458506.35]
     assert got["sm_active_pct"] == [90.0, 100.0]

@@ -32,8 +32,8 @@ register file):
       factors between the two issues (under the S GEMM); the softmax of S(t) runs while the PV
       GEMM is in flight; then P(t) replaces P(t-1). Last: O rescaled, O += P V. Q's buffer is
       released after the tile's last S GEMM, so the next tile's Q loads during this one's last
-      GEMM and epilogue. Optional ping-pong named barriers make the
-      warpgroups take turns issuing GEMMs, round robin (TILES says per tile).
+      GEMM and epilogue. Optional ping-pong named barriers make the warpgroups take turns
+      issuing GEMMs, round robin (TILES says per tile).
 
 The ring's stage and phase follow from a running count of kv blocks that producer and
 consumers advance alike (ring()), so no pipeline state is exchanged.

@@ -90,10 +90,10 @@ def main() -> None:
     names = [Path(b).stem for b in args.bundle]
     if len(set(names)) != len(names):
         ap.error(f"--bundle: two bundles share a file stem ({names}); name them apart")
+    extra = tuple(args.metric)
     for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
         d, s, causal = shape
         row = {"D": d, "S": s, "B": 16384 // s, "H": 16, "causal": causal, "dtype": "bf16"}
-        extra = tuple(args.metric)
         contenders = {name: profile(shape, bundle, args.launches, extra) for name, bundle in zip(names, args.bundle)}
         if args.fa3:
             contenders["fa3"] = profile(shape, None, args.launches, extra)
