@@ -155,6 +155,10 @@ PARAMS: tuple[Param, ...] = (
              "pt_stride_b", "pt_stride_p"),
     *FEATURE_PARAMS,
     *kv_scale_params("descale"),
+    # dense causal D128/D256 variants (draws_tiles()): an int32 that is 0 at launch, drawn from and left 0
+    # (aotc.kernels.tile_scheduler.PersistentTiles.drawn_plan; the runtime's per-stream counters,
+    # aotc.runtime.counters); 0 for the other variants
+    ptr("tile_counter", 4),
 )
 
 ARCHS = ("sm_90a",)
@@ -207,6 +211,19 @@ def tma_recipe(variant: Variant, block_n: int) -> dict:
     }
 
 
+# head dims whose dense causal kernels draw the tiles of their last rounds from a per-stream counter
+# (aotc.kernels.tile_scheduler.PersistentTiles.drawn_plan): D128 and D256, whose tile pairs fill the grid. D64's
+# kernels, which take pairs only with many heads, measured 2-3% more SM cycles drawing at S 8192-16384
+# (benchmarks/results/prefill_drawn_tail.json).
+DRAWN_TAIL_HEAD_DIMS = (128, 256)
+
+
+def draws_tiles(variant: Variant) -> bool:
+    """Whether the variant's kernel takes the tile_counter parameter's counter (the runtime passes its stream's)."""
+    return (bool(variant["causal"]) and variant["layout"] == "dense"
+            and int(variant["head_dim"]) in DRAWN_TAIL_HEAD_DIMS)
+
+
 def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     t = t or tile(variant["head_dim"], variant["block_n"])
     return LaunchFacts(
@@ -215,7 +232,8 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
         grid_rule=("persistent: grid = (min(ceil(max_seqlen_q / block_m) * heads_q * batch, SMs), 1, 1); ragged and "
                    "paged: the tiles enumerated from the device-side lengths; paged: (SMs, 1, 1)"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
-               "persistent": True, "tma": tma_recipe(variant, t.block_n)},
+               "persistent": True, "tma": tma_recipe(variant, t.block_n),
+               "draws_tiles": draws_tiles(variant)},
     )
 
 

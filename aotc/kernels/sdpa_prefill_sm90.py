@@ -11,7 +11,10 @@ one head share its K/V in L2. Causal, when tile pairs are taken (D128/D256: when
 least gridDim.x pairs; D64: with more (batch, head) pairs than gridDim.x / 2): CTA c takes the pairs
 of tiles (m_blocks-1-j, j) of one head, pair k * gridDim.x + c, j fastest: every pair costs the same,
 and the CTAs running together work on a few heads whose K/V stay in L2; an odd m_blocks leaves a
-middle tile per head without a partner, and those come after all the full pairs. Otherwise the same snake
+middle tile per head without a partner, and those come after all the full pairs; the pairs of the last
+1-2 rounds' worth are split into single tiles that the CTAs draw from the runtime's tile counter, longest
+first (PersistentTiles.drawn_plan), so CTAs that finish early take more and the launch ends on the
+shortest tiles. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
 heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
 Ragged and paged calls take their tiles' pairs from the device-side lengths instead
@@ -61,8 +64,8 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, kv_fp8, launch_facts, page_fits,
-                                          page_size)
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_fp8, launch_facts,
+                                          page_fits, page_size)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -82,9 +85,10 @@ _WG = WARPGROUP  # threads per warpgroup
 # fewer than _PAIRS_MIN_TILES_PER_HEAD tiles of each head, else the longest-first snake. Against cuDNN,
 # pairs lifted D128 bf16 S4096 0.99 -> 1.10-1.15x and S8192 1.03-1.05 -> 1.08-1.11x, D256 S8192 0.99-1.03
 # -> 1.08x; D64 lost 5-9% with pairs at S 8192-16384
-# (benchmarks/results/prefill_experiment_causal_pairs_threshold.json). Tiles handed out from a device counter,
-# longest first inside L2 sections (FA3's dynamic scheduler), measured no faster than the pairs: 0.99x, D256
-# S 8192 0.96x (prefill_experiment_dynamic_causal_tiles.json; the code is on branch dyn-causal).
+# (benchmarks/results/prefill_experiment_causal_pairs_threshold.json). Dense D128/D256 launches draw their last 1-2 rounds'
+# tiles from a counter, longest first (PersistentTiles.drawn_plan, benchmarks/results/prefill_drawn_tail.json);
+# drawing every tile (FA3's dynamic scheduler) measured no faster than the pairs
+# (prefill_experiment_dynamic_causal_tiles.json).
 _PAIRS_WHENEVER_THEY_FILL_THE_GRID = {64: False, 128: True, 256: True}
 _PAIRS_MIN_TILES_PER_HEAD = 2
 
@@ -141,6 +145,9 @@ class SdpaPrefillSm90:
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
+        # dense causal D128/D256: the tail's tiles drawn from the runtime's counter, longest first
+        # (PersistentTiles.drawn_plan)
+        self.draws_tiles = draws_tiles(variant)
         if self.paged:
             if not page_fits(self.page, bn) or self.page & (self.page - 1):
                 raise ValueError(f"page size {self.page} does not fit kv blocks of {bn} keys")
@@ -179,7 +186,7 @@ class SdpaPrefillSm90:
         kv = cutlass.Uint8 if self.fp8 else self.dtype
         return {"tma_q": self.dtype, "tma_k": kv, "tma_v": kv, "o": self.dtype, "lse": Float32,
                 "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32,
-                "sinks": Float32, "k_descale": Float32, "v_descale": Float32}
+                "sinks": Float32, "k_descale": Float32, "v_descale": Float32, "tile_counter": Int32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -187,6 +194,7 @@ class SdpaPrefillSm90:
     # barrier indices in storage.bars
     Q_FULL = 0
     Q_EMPTY = 1
+    TILE_SLOT = BARRIER_BYTES // 8 - 1  # a drawn tile's index, the barrier block's last 8 bytes
 
     def k_full(self, s):
         return 2 + s
@@ -212,6 +220,15 @@ class SdpaPrefillSm90:
 
     def v8_empty(self, s):
         return 2 + 7 * self.stages + s
+
+    # drawn tiles (PersistentTiles.drawn_plan): the producer puts the next tile into TILE_SLOT and arrives on tile_full,
+    # each consumer warp takes it and arrives on tile_empty (mbarriers: the consumer warpgroups never wait for
+    # each other)
+    def tile_full(self):
+        return 2 + 8 * self.stages
+
+    def tile_empty(self):
+        return 3 + 8 * self.stages
 
     CONVERT_WARPS = 3  # fp8 KV: producer warps 1..3 convert the staging tiles
     CONVERT_UNROLL = 6  # fp8 KV: 16-byte units a conversion thread has in flight (8 spilled at 56 registers)
@@ -837,7 +854,7 @@ class SdpaPrefillSm90:
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
-        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -865,6 +882,9 @@ class SdpaPrefillSm90:
                         cute.arch.mbarrier_init(bars + self.v8_full(s), 1)
                         cute.arch.mbarrier_init(bars + self.k8_empty(s), self.CONVERT_WARPS)
                         cute.arch.mbarrier_init(bars + self.v8_empty(s), self.CONVERT_WARPS)
+                if cutlass.const_expr(self.draws_tiles):
+                    cute.arch.mbarrier_init(bars + self.tile_full(), 1)
+                    cute.arch.mbarrier_init(bars + self.tile_empty(), self.consumer_warps)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -942,7 +962,10 @@ class SdpaPrefillSm90:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
                     q_count = Int32(0)  # Q tiles loaded so far
-                    for i in cutlass.range(rounds, unroll=1):
+                    static_rounds, drawn = rounds, Int32(0)
+                    if cutlass.const_expr(self.draws_tiles):
+                        static_rounds, drawn = self.scheduler.drawn_plan(m_blocks, n_bh, n_ctas, rounds, pairs)
+                    for i in cutlass.range(static_rounds, unroll=1):
                         valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch,
                                                                pairs)
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
@@ -954,6 +977,10 @@ class SdpaPrefillSm90:
                                                bidx, m_block, n_max, n_max - n_min, g0, q_count)
                             g0 = g0 + (n_max - n_min)
                             q_count = q_count + 1
+                    if cutlass.const_expr(self.draws_tiles):
+                        self.producer_drawn(tma_q, tma_k, tma_v, storage, tile_counter, first_tile, n_ctas, m_blocks,
+                                            n_bh, seqlen_q, seqlen_kv, heads_q, group, window_left, pairs, static_rounds,
+                                            drawn, g0, q_count)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             wg_index = wg - 1
@@ -1013,6 +1040,9 @@ class SdpaPrefillSm90:
             ctx.lse = lse
             ctx.o_ss = o_stride_s
             ctx.lse_ss = lse_stride_s
+            ctx.o_sb, ctx.o_sh = o_stride_b, o_stride_h
+            ctx.lse_sb, ctx.lse_sh = lse_stride_b, lse_stride_h
+            ctx.local0 = tScS[0][0]  # this thread's first row in its warpgroup's slab
             ctx.sV_ptr = storage.sV.data_ptr()
             ctx.sQ_ptr = storage.sQ.data_ptr()
             ctx.softmax_scale = softmax_scale
@@ -1024,12 +1054,9 @@ class SdpaPrefillSm90:
             g0 = Int32(0)
             q_count = Int32(0)
             if cutlass.const_expr(self.paged):
-                ctx.o_sh = o_stride_h
-                ctx.lse_sh = lse_stride_h
                 ctx.o_off = Int64(0)
                 ctx.group = group
                 ctx.slab_tokens = slab_tokens
-                ctx.local0 = tScS[0][0]  # this thread's first row in its warpgroup's slab
                 for i in cutlass.range(rounds, unroll=1):
                     valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
                         i, ctx.lane, *paged_args)
@@ -1062,7 +1089,10 @@ class SdpaPrefillSm90:
             else:
                 if cutlass.const_expr(self.ragged):
                     n_items, rounds = self.ragged_rounds(ctx.lane, cu_seqlens_q, batch, heads_q, n_ctas)
-                for i in cutlass.range(rounds, unroll=1):
+                static_rounds, drawn = rounds, Int32(0)
+                if cutlass.const_expr(self.draws_tiles):
+                    static_rounds, drawn = self.scheduler.drawn_plan(m_blocks, n_bh, n_ctas, rounds, pairs)
+                for i in cutlass.range(static_rounds, unroll=1):
                     if cutlass.const_expr(self.ragged):
                         valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(
                             i, ctx.lane, *ragged_args, n_items)
@@ -1072,25 +1102,83 @@ class SdpaPrefillSm90:
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
                                                                   cu_seqlens_kv, False)
                     if valid != 0 and m_block * self.bm < s_q:
-                        kv_range = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal, self.window,
-                                                  window_left)
-                        # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
-                        tile = SimpleNamespace(**vars(ctx))
-                        tile.m_block = m_block
-                        tile.s_q = s_q
-                        tile.s_kv = s_kv
-                        tile.head = head
-                        tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + tScS[0][0]  # this thread's first row
-                        if cutlass.const_expr(self.ragged):
-                            tile.o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
-                            tile.lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
-                        else:
-                            tile.o_off = Int64(bidx) * o_stride_b + Int64(head) * o_stride_h
-                            tile.lse_off = Int64(bidx) * lse_stride_b + Int64(head) * lse_stride_h
-                        self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
-                        n_min, n_max, _, _ = kv_range
-                        g0 = g0 + (n_max - n_min)
-                        q_count = q_count + 1
+                        g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
+                                                         g0, q_count)
+                if cutlass.const_expr(self.draws_tiles):
+                    # the drawn tiles: the CTA's own first, each next one the producer's draw (tile_full)
+                    slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+                    r = first_tile
+                    handoff = Int32(0)
+                    while r < drawn:
+                        m_block, bh = self.scheduler.drawn_tile(r, m_blocks, n_bh, n_ctas, pairs, static_rounds, drawn)
+                        head = bh % heads_q
+                        bidx = bh // heads_q
+                        q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
+                                                                  cu_seqlens_kv, False)
+                        g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
+                                                         g0, q_count)
+                        # lane 0 takes the drawn tile for its warp (the slot's one reader there, so its arrive
+                        # orders its own read before the producer's next write) and hands it on
+                        cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
+                        taken = Int32(0)
+                        if ctx.lane == 0:
+                            taken = Int32(slot[0])
+                            cute.arch.mbarrier_arrive(bars + self.tile_empty())
+                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
+                        handoff = handoff + 1
+
+    @cute.jit
+    def consumer_tile(self, ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0, q_count):
+        """A consumer warpgroup's part of one dense or ragged (unpaged) tile; the ring position and Q count
+        after it."""
+        kv_range = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal, self.window, ctx.window_left)
+        # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
+        tile = SimpleNamespace(**vars(ctx))
+        tile.m_block = m_block
+        tile.s_q = s_q
+        tile.s_kv = s_kv
+        tile.head = head
+        tile.row0 = m_block * self.bm + wg_index * self.n_wg_rows + ctx.local0  # this thread's first row
+        if cutlass.const_expr(self.ragged):
+            tile.o_off = Int64(q_start) * ctx.o_ss + Int64(head) * ctx.o_sh
+            tile.lse_off = Int64(head) * ctx.lse_sh + Int64(q_start) * ctx.lse_ss
+        else:
+            tile.o_off = Int64(bidx) * ctx.o_sb + Int64(head) * ctx.o_sh
+            tile.lse_off = Int64(bidx) * ctx.lse_sb + Int64(head) * ctx.lse_sh
+        self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
+        n_min, n_max, _, _ = kv_range
+        return g0 + (n_max - n_min), q_count + 1
+
+    @cute.jit
+    def producer_drawn(self, tma_q, tma_k, tma_v, storage, tile_counter, first_tile, n_ctas, m_blocks, n_bh, seqlen_q,
+                       seqlen_kv, heads_q, group, window_left, pairs, static_rounds, drawn, g0, q_count):
+        """The elected producer thread's drawn tiles (PersistentTiles.drawn_plan): it draws the CTA's next tile
+        as this one's loads start (the atomic's latency hides behind them), issues the loads, then publishes
+        the drawn tile to the consumers once they took the previous one."""
+        bars = storage.bars.data_ptr()
+        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+        counter = cute.make_tensor(tile_counter, cute.make_layout(1))
+        r = first_tile
+        handoff = Int32(0)
+        while r < drawn:
+            taken = cute.arch.atomic_add(tile_counter, Int32(1), sem="relaxed", scope="gpu")
+            m_block, bh = self.scheduler.drawn_tile(r, m_blocks, n_bh, n_ctas, pairs, static_rounds, drawn)
+            head = bh % heads_q
+            bidx = bh // heads_q
+            q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, None, None, False)
+            n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal, self.window,
+                                                window_left)
+            self.producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group, bidx, m_block,
+                               n_max, n_max - n_min, g0, q_count)
+            g0 = g0 + (n_max - n_min)
+            q_count = q_count + 1
+            if taken == drawn - 1:  # the launch's last draw: the next launch finds the counter at 0
+                counter[0] = Int32(0)
+            r = taken + n_ctas
+            cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
+            slot[0] = Int64(r)
+            cute.arch.mbarrier_arrive(bars + self.tile_full())
+            handoff = handoff + 1
 
     @cute.jit
     def __call__(
@@ -1105,7 +1193,7 @@ class SdpaPrefillSm90:
         lse_stride_b: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
-        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
@@ -1128,7 +1216,7 @@ class SdpaPrefillSm90:
             o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
-            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h,
+            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h, tile_counter,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

@@ -26,7 +26,8 @@ class PersistentTiles:
       of one head, pair k * n_ctas + c, j fastest: balanced, and the CTAs running at once cover few
       heads, whose K/V stay in L2; the middle tiles of an odd m_blocks (no partner, half a pair's cost)
       come after every full pair, so they fill in instead of landing on the same CTAs every round;
-    * causal without pairs: the longest tiles first, in snake order, which balances to the end.
+    * causal without pairs: the longest tiles first, in snake order, which balances to the end;
+    * causal with pairs and a tile counter (dense launches): the last rounds' tiles drawn (drawn_plan).
 
     Pairs are taken whenever they fill the grid (pairs_when_they_fill, D128 and D256), or else when a
     round would hold fewer than min_tiles_per_head tiles of each head: longest-first over many heads
@@ -55,6 +56,63 @@ class PersistentTiles:
                 pairs = Int32(1)
                 rounds = 2 * ((n_pairs + (n_ctas - 1)) // n_ctas)
         return rounds, pairs
+
+    @cute.jit
+    def drawn_plan(self, m_blocks, n_bh, n_ctas, rounds, pairs):
+        """Causal, tiles drawn in the tail (rounds, pairs: rounds_and_pairs()'s): (static rounds, drawn
+        tiles). The pairs run in static rounds while at least one more round of them is left behind (they
+        balance and keep the CTAs' K/V in L2); the 1-2 rounds' worth left are single tiles drawn longest
+        first (a drawn tile's index: first the CTA's own, then the value of the runtime's per-stream counter
+        (aotc.runtime.counters) + n_ctas), so the launch ends on the shortest tiles. The pairs alone left the
+        SMs idle 4-5% of a D128 or D256 launch, most of it in their last round (ncu: 95.5% active at D128
+        S 16384, 98.6% with the drawn tail, 98.8% when the pairs fill every round;
+        benchmarks/results/prefill_drawn_tail.json). Every tile drawn, longest first (FA3's order), measured
+        -2.8% to +1.2% cycles against the pairs at S 16384 and 2048: the SMs busier, their tensor pipe 2
+        points less. Where the pairs fill every round the draws cost: D128 S 16384 with 33 heads (2112 pairs,
+        16 rounds) took 1.5% more cycles. Only D128 and D256 kernels draw (the family's DRAWN_TAIL_HEAD_DIMS;
+        D64's measured 2.2-2.6% more cycles drawing). A launch draws exactly `drawn tiles` times (every CTA
+        with a drawn tile draws until it gets none): the draw that returns drawn - 1 is its last and puts the
+        counter back to 0."""
+        static_rounds = rounds
+        drawn = Int32(0)
+        if pairs != 0:
+            n_pairs = (m_blocks + 1) // 2 * n_bh
+            k = cutlass.max(n_pairs // n_ctas - 1, Int32(0))
+            static_rounds = 2 * k
+            full_left = cutlass.max(m_blocks // 2 * n_bh - k * n_ctas, Int32(0))  # pairs of two tiles
+            drawn = full_left + (n_pairs - k * n_ctas)  # their tiles, and the middle tiles left
+        return static_rounds, drawn
+
+    @cute.jit
+    def drawn_tile(self, r, m_blocks, n_bh, n_ctas, pairs, static_rounds, drawn):
+        """(m_block, bh) of drawn tile r < drawn (there are drawn tiles only with pairs), longest first: of the
+        pairs left (head h0's from its pair j0 on, then every pair of each head after it) the long tiles by
+        pair index j, the middle tiles, then the short tiles by j downward."""
+        m_block = Int32(0)
+        bh = Int32(0)
+        if pairs != 0:
+            half = cutlass.max(m_blocks // 2, 1)
+            p0 = static_rounds // 2 * n_ctas  # the first pair left
+            full_left = cutlass.max(m_blocks // 2 * n_bh - p0, Int32(0))
+            n_middle = drawn - 2 * full_left
+            h0 = p0 // half
+            j0 = p0 - h0 * half
+            n_whole = n_bh - 1 - h0  # heads with all their pairs left
+            # the long tiles' order, L < full_left: j ascending, the heads that have pair j left inside
+            short = r >= full_left + n_middle
+            L = full_left - 1 - (r - full_left - n_middle) if short else r
+            j = L // cutlass.max(n_whole, 1)
+            h = h0 + 1 + (L - j * n_whole)
+            if L >= j0 * n_whole:
+                L2 = L - j0 * n_whole
+                j = j0 + L2 // cutlass.max(n_whole + 1, 1)  # (0 only when no pair is left: r is a middle tile)
+                h = h0 + L2 % cutlass.max(n_whole + 1, 1)
+            bh = h
+            m_block = j if short else m_blocks - 1 - j
+            if r >= full_left and not short:  # a middle tile
+                bh = cutlass.max(p0, m_blocks // 2 * n_bh) + (r - full_left) - m_blocks // 2 * n_bh
+                m_block = m_blocks // 2
+        return m_block, bh
 
     @cute.jit
     def snake(self, i, cta, n_ctas):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..common.errors import RuntimeLoadError
+from .counters import TileCounters
 from .workspace import WorkspaceArena
 
 __all__ = ["Runtime", "load", "TensorArg", "tensor", "as_tensor", "as_stream"]
@@ -71,6 +72,8 @@ class Runtime:
         # split decode's partials and counters, one arena per device that every plan without a workspace of
         # its own shares (aotc.runtime.workspace)
         self.workspaces = WorkspaceArena()
+        # the per-stream counters of kernels that draw their tiles at run time (aotc.runtime.counters)
+        self.tile_counters = TileCounters()
         self._lock = threading.Lock()
         self.load_seconds = 0.0
 

@@ -411,6 +411,7 @@ class AttentionPlan(Plan):
             "o_stride_b": 0, "o_stride_s": o_.strides[0], "o_stride_h": o_.strides[1],
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
+            "tile_counter": 0,  # paged tiles come from the lengths (RaggedTiles), none are drawn
             **feats.values,
             **scales.values,
         }

@@ -319,6 +319,9 @@ class DeviceBuffer:
         call("cuMemAlloc", byref(ptr), max(nbytes, 16))
         self.ptr = ptr.value
         call("cuMemsetD8", self.ptr, 0, max(nbytes, 16))
+        # the memset runs on the legacy stream, which a non-blocking stream's work does not wait for: done before
+        # any plan can launch into the buffer
+        call("cuStreamSynchronize", None)
         self._free = weakref.finalize(self, _free, self.ptr)
 
 

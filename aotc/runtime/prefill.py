@@ -151,6 +151,11 @@ class PrefillPlan(Plan):
         values.update(self.inputs.values)
         # the Hopper kernel's paged-layout parameters, unused by dense and ragged variants
         values.update({p.name: 0 for p in kernel.artifact.abi.params if p.name in _PAGED_ONLY})
+        # a kernel that draws its tiles at run time gets its stream's counter per launch (aotc.runtime.counters)
+        values["tile_counter"] = 0
+        self._counters = runtime.tile_counters if kernel.artifact.launch.extra.get("draws_tiles") else None
+        if self._counters is not None:
+            self._counters.reserve(device)
         bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
         self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv, feats.key)
@@ -158,6 +163,7 @@ class PrefillPlan(Plan):
         self.bind(kernel, grid, device, values)
         self.inputs.bind(self)
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
+        self._counter_slot = self.slots("tile_counter")[0] if self._counters is not None else None
         qkv = ("tma_q", "tma_k", "tma_v") if isinstance(self.inputs, _TmaInputs) else ("q", "k", "v")
         self._mq, self._mk, self._mv, self._mo, self._ml, self._mcq, self._mck = self.masks(
             *qkv, "o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
@@ -202,6 +208,8 @@ class PrefillPlan(Plan):
         self.inputs.set(q, k, v)
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value = out, lse, cu_seqlens_q, cu_seqlens_kv
+        if self._counters is not None:
+            self._counter_slot.value = self._counters.get(self.device, stream)
         self._launch(stream)
 
     def checked_run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0,

@@ -7,8 +7,8 @@
 Arguments: family (prefill; prefill-fa3: FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the
 same tensors, for side-by-side profiles: its kernel is cutlass's device_kernel, so --kernel-name
 regex:device_kernel; decode: paged KV, 16-token pages in random order; decode-dense: KV as [B, H_kv, S, D]
-contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000), S, causal[, softcap]
-(prefill, prefill-fa3: a logits soft-cap, e.g. 50).
+contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000), S, causal[, softcap[, H]]
+(prefill, prefill-fa3: a logits soft-cap, e.g. 50, 0 for none; H the heads, 16 unless given).
 """
 import os
 import sys
@@ -19,13 +19,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aotc.runtime  # noqa: E402
 
-# the bundle: $AOTC_PROFILE_BUNDLE, else the default build
-rt = aotc.runtime.load(os.environ.get("AOTC_PROFILE_BUNDLE")
-                       or str(Path(__file__).resolve().parents[2] / "artifacts" / "default.aotc"))
 family, D, S, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), bool(int(sys.argv[4]))
-softcap = float(sys.argv[5]) if len(sys.argv) > 5 else None
+# the bundle: $AOTC_PROFILE_BUNDLE, else the default build; prefill kernels of an older parameter list too
+# (benchmarks.legacy), so an A/B across a change of the family's parameters profiles both
+bundle = os.environ.get("AOTC_PROFILE_BUNDLE") or str(Path(__file__).resolve().parents[2] / "artifacts" / "default.aotc")
+if family == "prefill":
+    from benchmarks.legacy import load_prefill_runtime
+
+    rt = load_prefill_runtime(bundle)
+else:
+    rt = aotc.runtime.load(bundle)
+softcap = float(sys.argv[5]) if len(sys.argv) > 5 and float(sys.argv[5]) else None
 if family in ("prefill", "prefill-fa3"):
-    B, H = max(1, 16384 // S), 16
+    B, H = max(1, 16384 // S), int(sys.argv[6]) if len(sys.argv) > 6 else 16
     q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     out = torch.empty_like(q)
     if family == "prefill-fa3":

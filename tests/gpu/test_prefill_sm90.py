@@ -158,3 +158,69 @@ def test_batch_stride_beyond_2_31_elements(rt):
             check_close(out[b], ref_attention(q[b], k[b], v[b], causal, D ** -0.5)[0], TOL["bf16"],
                         f"batch {b} causal={causal}")
     del qbuf, obuf
+
+
+# dense causal launches whose last rounds' tiles are drawn from the stream's tile counter
+# (PersistentTiles.drawn_plan): B, S, H_q, H_kv, D. Their tile pairs outnumber the 132 SMs of the H200 (an odd
+# tile count per head leaves middle tiles among the drawn ones), and S_kv > S_q shifts the diagonal. The D64
+# case keeps the static order (its kernels draw nothing) through the same checks.
+DRAWN_CASES = [(1, 4096, 33, 11, 128), (2, 2048, 40, 8, 256), (3, 1000, 47, 47, 64), (1, 8192, 17, 17, 128),
+               (2, 1100, 37, 37, 128)]
+
+
+def _dense_causal(B, S, H_q, H_kv, D, S_kv=None):
+    S_kv = S_kv or S
+    q = torch.randn(B, S, H_q, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(B, S_kv, H_kv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    ref = torch.stack([ref_attention(q[b], k[b], v[b], True, D ** -0.5)[0] for b in range(B)])
+    return q, k, v, ref
+
+
+@pytest.mark.parametrize("case", DRAWN_CASES, ids=lambda c: "B{}_S{}_H{}-{}_D{}".format(*c))
+def test_drawn_tiles_cover_every_tile_on_every_call(rt, case):
+    """Every tile runs once whoever draws it, and the counter is 0 again after each launch: five launches in a
+    row give the reference and the same bits (a counter left non-zero would skip tiles: NaN rows)."""
+    q, k, v, ref = _dense_causal(*case, S_kv=case[1] + 77)
+    first = None
+    for _ in range(5):
+        out = torch.full_like(q, float("nan"))
+        rt.prefill(q, k, v, out, causal=True, family=FAMILY)
+        check_close(out, ref, TOL["bf16"], f"drawn tiles {case}")
+        if first is None:
+            first = out
+        assert torch.equal(out, first)
+
+
+def test_drawn_tiles_on_two_streams_at_once(rt):
+    """Each stream draws from a counter of its own: launches queued on two streams run at the same time and
+    each gets every tile of its own call."""
+    q, k, v, ref = _dense_causal(1, 8192, 16, 16, 128)
+    q2 = torch.randn_like(q)
+    ref2 = ref_attention(q2[0], k[0], v[0], True, 128 ** -0.5)[0][None]
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    outs = [[torch.full_like(q, float("nan")) for _ in range(4)] for _ in streams]
+    torch.cuda.synchronize()
+    for i in range(4):
+        for s, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                rt.prefill((q, q2)[s], k, v, outs[s][i], causal=True, stream=st.cuda_stream, family=FAMILY)
+    torch.cuda.synchronize()
+    for s, r in enumerate((ref, ref2)):
+        for i in range(4):
+            check_close(outs[s][i], r, TOL["bf16"], f"stream {s} launch {i}")
+
+
+def test_drawn_tiles_in_a_cuda_graph(rt):
+    """A captured launch keeps its capture stream's counter; every replay leaves it 0 for the next."""
+    q, k, v, _ = _dense_causal(2, 2048, 40, 8, 128)
+    out = torch.empty_like(q)
+    rt.prefill(q, k, v, out, causal=True, family=FAMILY)  # the plan, made outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rt.prefill(q, k, v, out, causal=True, stream=torch.cuda.current_stream().cuda_stream, family=FAMILY)
+    for i in range(3):
+        q.normal_()
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = torch.stack([ref_attention(q[b], k[b], v[b], True, 128 ** -0.5)[0] for b in range(2)])
+        check_close(out, ref, TOL["bf16"], f"replay {i}")
