@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 
 from ..common.errors import ArgumentError
+from .workspace import zeroed_buffer
 
 SLOTS_PER_BUFFER = 1024  # int32 counters per buffer (4 KB): more distinct streams than this take another buffer
 
@@ -37,7 +38,7 @@ class TileCounters:
     def reserve(self, device: int) -> None:
         """Make sure the device has a buffer with a free slot (called while a plan is made)."""
         with self._lock:
-            if device not in self._buffers or self._used[device] == self._per_buffer:
+            if self._full(device):
                 self._new_buffer(device)
 
     def get(self, device: int, stream: int) -> int:
@@ -48,7 +49,7 @@ class TileCounters:
         with self._lock:
             ptr = self._slots.get((device, stream))
             if ptr is None:
-                if device not in self._buffers or self._used[device] == self._per_buffer:
+                if self._full(device):
                     try:
                         self._new_buffer(device)
                     except Exception as e:  # e.g. inside a CUDA graph capture, which forbids allocating
@@ -59,14 +60,12 @@ class TileCounters:
                 self._slots[(device, stream)] = ptr
             return ptr
 
-    def _new_buffer(self, device: int) -> None:
-        if self._allocate is not None:
-            buf = self._allocate(4 * self._per_buffer)
-        else:
-            from .driver import DeviceBuffer
+    def _full(self, device: int) -> bool:
+        """No slot left to hand out on the device (no buffer yet, or the last one all given)."""
+        return device not in self._buffers or self._used[device] == self._per_buffer
 
-            buf = DeviceBuffer(4 * self._per_buffer)
-        self._buffers.setdefault(device, []).append(buf)
+    def _new_buffer(self, device: int) -> None:
+        self._buffers.setdefault(device, []).append(zeroed_buffer(4 * self._per_buffer, self._allocate))
         self._used[device] = 0
 
     @property

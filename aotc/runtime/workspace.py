@@ -24,6 +24,15 @@ from dataclasses import dataclass
 GROWTH = 1.5
 
 
+def zeroed_buffer(nbytes: int, allocate=None):
+    """Zeroed device memory of the runtime's own (driver.DeviceBuffer), or what a test's `allocate` gives."""
+    if allocate is not None:
+        return allocate(nbytes)
+    from .driver import DeviceBuffer
+
+    return DeviceBuffer(nbytes)
+
+
 @dataclass
 class _Buffer:
     memory: object       # driver.DeviceBuffer (or a test's stand-in with .ptr and .nbytes)
@@ -54,17 +63,10 @@ class WorkspaceArena:
             nbytes = partials + counters
             if cur is not None:
                 nbytes = max(nbytes, int(cur.memory.nbytes * GROWTH))
-            memory = self._alloc((nbytes + 15) // 16 * 16)
+            memory = zeroed_buffer((nbytes + 15) // 16 * 16, self._allocate)
             self._current[device] = _Buffer(memory, partials, counters)
             self._all.append(memory)
             return memory
-
-    def _alloc(self, nbytes: int):
-        if self._allocate is not None:
-            return self._allocate(nbytes)
-        from .driver import DeviceBuffer
-
-        return DeviceBuffer(nbytes)
 
     @property
     def nbytes(self) -> int:
