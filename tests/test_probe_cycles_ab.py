@@ -43,29 +43,32 @@ def test_parse_metrics_reads_every_launch_in_order():
 
 
 def test_shapes_are_checked():
-    assert parse_shape("128:16384:1") == (128, 16384, True, 16)
-    assert parse_shape("256:4096:0") == (256, 4096, False, 16)
-    assert parse_shape("128:2048:1:33") == (128, 2048, True, 33)
+    assert parse_shape("128:16384:1") == (128, 16384, True, 16, 0)
+    assert parse_shape("256:4096:0") == (256, 4096, False, 16, 0)
+    assert parse_shape("128:2048:1:33") == (128, 2048, True, 33, 0)
+    assert parse_shape("128:8192:1:16:50") == (128, 8192, True, 16, 50)
     for bad in ("128:16384", "128:16384:2", "96:4096:0", "128:3000:1", "a:b:c", "128:2048:1:0", "128:2048:1:x",
-                "128:2048:1:33:1"):
+                "128:2048:1:33:x", "128:2048:1:33:50:1"):
         with pytest.raises(argparse.ArgumentTypeError, match="--shape"):
             parse_shape(bad)
 
 
 def test_ncu_command_profiles_the_contenders_kernel_at_base_clocks():
-    aotc = ncu_command((128, 8192, False, 16), fa3=False, launches=2)
-    fa3 = ncu_command((128, 8192, False, 33), fa3=True, launches=3)
+    aotc = ncu_command((128, 8192, False, 16, 0), fa3=False, launches=2)
+    fa3 = ncu_command((128, 8192, False, 33, 0), fa3=True, launches=3)
+    capped = ncu_command((256, 8192, True, 16, 50), fa3=True, launches=2)
     assert aotc[:3] == ["ncu", "--clock-control", "base"]
     assert aotc[aotc.index("--kernel-name") + 1] == "regex:sdpa_prefill"
     assert fa3[fa3.index("--kernel-name") + 1] == "regex:device_kernel"
     assert fa3[fa3.index("--launch-count") + 1] == "3"
     assert aotc[-6:] == ["prefill", "128", "8192", "0", "0", "16"]  # no soft-cap, 16 heads
     assert fa3[-6:] == ["prefill-fa3", "128", "8192", "0", "0", "33"]
+    assert capped[-6:] == ["prefill-fa3", "256", "8192", "1", "50", "16"]  # soft-cap 50
 
 
 def test_ncu_command_asks_for_the_sm_active_cycles_and_any_extra_metric():
-    plain = ncu_command((256, 4096, True, 16), fa3=False, launches=2)
-    extra = ncu_command((256, 4096, True, 16), fa3=False, launches=2, extra=("smsp__inst_executed.sum",))
+    plain = ncu_command((256, 4096, True, 16, 0), fa3=False, launches=2)
+    extra = ncu_command((256, 4096, True, 16, 0), fa3=False, launches=2, extra=("smsp__inst_executed.sum",))
     assert plain[plain.index("--metrics") + 1].split(",") == [CYCLES, TENSOR, ACTIVE]
     assert extra[extra.index("--metrics") + 1].split(",") == [CYCLES, TENSOR, ACTIVE, "smsp__inst_executed.sum"]
 
@@ -82,8 +85,8 @@ def test_profile_reports_the_sm_active_share_and_the_extra_metrics(monkeypatch):
     report = launch("2,464,916.85", "2,218,425.17", "468,102,779") + launch("2,458,506.35", "2,458,506.35", "468,107,002")
     monkeypatch.setattr(cycles_ab.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=report, stderr=""))
-    got = cycles_ab.profile((128, 8192, True, 16), "x.aotc", 2, ("smsp__inst_executed.sum",))
+    got = cycles_ab.profile((128, 8192, True, 16, 0), "x.aotc", 2, ("smsp__inst_executed.sum",))
     assert got["sm_cycles"] == [2464916.85, 2458506.35]
     assert got["sm_active_pct"] == [90.0, 100.0]
     assert got["metrics"] == {"smsp__inst_executed.sum": [468102779.0, 468107002.0]}
-    assert "metrics" not in cycles_ab.profile((128, 8192, True, 16), "x.aotc", 2)
+    assert "metrics" not in cycles_ab.profile((128, 8192, True, 16, 0), "x.aotc", 2)

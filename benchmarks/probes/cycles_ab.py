@@ -13,9 +13,9 @@ Report the two side by side.
 Prints one JSON line per shape: per contender (a bundle's file stem, or fa3) the cycles, the tensor pipe's active
 % and the SMs' active % of the elapsed cycles (below 100: SMs idle, e.g. in a schedule's tail) of each profiled
 launch, any --metric asked for, and x_<contender> = the first bundle's fewest cycles / the contender's (> 1: fewer
-cycles than the first bundle). Shapes are D:S:causal[:H] with B = 16384 / S, H 16 unless given, bf16
+cycles than the first bundle). Shapes are D:S:causal[:H[:softcap]] with B = 16384 / S, H 16 unless given, bf16
 (profile_kernel.py's): a head count whose tiles fill the persistent grid's rounds exactly (H 33 on the H200's 132
-SMs) isolates a schedule's tail.
+SMs) isolates a schedule's tail; a softcap (e.g. 50) profiles the soft-capped kernels (FA3 with the same softcap).
 """
 import argparse
 import json
@@ -44,27 +44,29 @@ def parse_metrics(report: str) -> dict[str, list[float]]:
     return values
 
 
-def parse_shape(text: str) -> tuple[int, int, bool, int]:
-    """'D:S:causal[:H]' -> (D, S, causal, H), H 16 unless given; a bad one is an error naming it and the expected
-    form."""
+def parse_shape(text: str) -> tuple[int, int, bool, int, int]:
+    """'D:S:causal[:H[:softcap]]' -> (D, S, causal, H, softcap), H 16 and softcap 0 (none) unless given; a bad one is
+    an error naming it and the expected form."""
     parts = text.split(":")
-    if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts) or parts[2] not in ("0", "1"):
-        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected D:S:causal[:H], e.g. 128:16384:1 or 128:16384:1:33")
+    if len(parts) not in (3, 4, 5) or not all(p.isdigit() for p in parts) or parts[2] not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"--shape {text!r}: expected D:S:causal[:H[:softcap]], e.g. 128:16384:1, "
+                                         "128:16384:1:33 or 128:8192:1:16:50")
     d, s, c = int(parts[0]), int(parts[1]), parts[2] == "1"
-    h = int(parts[3]) if len(parts) == 4 else 16
+    h = int(parts[3]) if len(parts) >= 4 else 16
+    cap = int(parts[4]) if len(parts) == 5 else 0
     if d not in (64, 128, 256) or s < 1 or 16384 % s or not 1 <= h <= 128:
         raise argparse.ArgumentTypeError(f"--shape {text!r}: D must be 64, 128 or 256, S divide 16384 and H be 1..128")
-    return d, s, c, h
+    return d, s, c, h, cap
 
 
-def ncu_command(shape: tuple[int, int, bool, int], fa3: bool, launches: int, extra: tuple[str, ...] = ()) -> list[str]:
+def ncu_command(shape: tuple[int, int, bool, int, int], fa3: bool, launches: int, extra: tuple[str, ...] = ()) -> list[str]:
     """The ncu command line that profiles one contender on one shape (aotc's kernel, or FA3's device_kernel)."""
-    d, s, causal, h = shape
+    d, s, causal, h, cap = shape
     return ["ncu", "--clock-control", "base", "--metrics", ",".join((CYCLES, TENSOR, ACTIVE) + tuple(extra)),
             "--kernel-name", "regex:device_kernel" if fa3 else "regex:sdpa_prefill",
             "--launch-skip", "1", "--launch-count", str(launches),
             sys.executable, str(PROFILE_KERNEL), "prefill-fa3" if fa3 else "prefill", str(d), str(s), str(int(causal)),
-            "0", str(h)]
+            str(cap), str(h)]
 
 
 def profile(shape, bundle: str | None, launches: int, extra: tuple[str, ...] = ()) -> dict:
@@ -97,8 +99,8 @@ def main() -> None:
         ap.error(f"--bundle: two bundles share a file stem ({names}); name them apart")
     extra = tuple(args.metric)
     for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
-        d, s, causal, h = shape
-        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16"}
+        d, s, causal, h, cap = shape
+        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16", **({"softcap": cap} if cap else {})}
         contenders = {name: profile(shape, bundle, args.launches, extra) for name, bundle in zip(names, args.bundle)}
         if args.fa3:
             contenders["fa3"] = profile(shape, None, args.launches, extra)
