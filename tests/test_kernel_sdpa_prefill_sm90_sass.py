@@ -13,13 +13,11 @@ exp2s, from 5, at 3.1-4.1% fewer SM cycles (prefill_rescale_before_pv.json). The
 was measured: the exp2s issued before the PV wait, S and PV one wgmma group each, and no branch between the two
 waits.
 
-The disassembler is nvdisasm (the test extra installs nvidia-cuda-nvdisasm; NVDISASM names another).
+The disassembler is nvdisasm (the test extra installs nvidia-cuda-nvdisasm; NVDISASM names another); the SASS parsing
+is benchmarks/probes/sass_loops.py's, which also sets these loops beside FA3's.
 """
 import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -28,62 +26,16 @@ pytest.importorskip("cutlass")
 
 from aotc.common.variant import Variant  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
+from benchmarks.probes.sass_loops import between_waits, disassemble, kv_loops, nvdisasm  # noqa: E402
 
-
-def _nvdisasm() -> str | None:
-    if os.environ.get("NVDISASM"):
-        return os.environ["NVDISASM"]
-    try:
-        import nvidia  # the CUDA wheels' namespace package (nvidia-cuda-nvdisasm: nvidia/cu13/bin/nvdisasm)
-    except ImportError:
-        return shutil.which("nvdisasm")
-    for root in nvidia.__path__:
-        for found in sorted(Path(root).glob("cu*/bin/nvdisasm")):
-            return str(found)
-    return shutil.which("nvdisasm")
-
-
-NVDISASM = _nvdisasm()
+NVDISASM = nvdisasm()
 pytestmark = pytest.mark.skipif(NVDISASM is None, reason="no nvdisasm (pip install nvidia-cuda-nvdisasm)")
 
-_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^(\.L_x_\d+):")
-_BRANCH_TO = re.compile(r"\bBRA\b\s+`\((\.L_x_\d+)\)")
 
-
-def steady_loops(cubin: bytes, tmp_path: Path) -> list[list[str]]:
-    """The kv loops of the kernel, as lists of instructions: bodies of backward branches holding both GEMMs of
-    an iteration (at least 10 wgmma) and under 1000 instructions (the tile loops around them hold more)."""
-    path = tmp_path / "kernel.cubin"
-    path.write_bytes(cubin)
-    text = subprocess.run([NVDISASM, str(path)], capture_output=True, text=True, check=True).stdout
-    instructions, labels, pending = [], {}, []
-    for line in text.splitlines():
-        label = _LABEL.match(line.strip())
-        if label:
-            pending.append(label.group(1))  # the next instruction's address
-            continue
-        m = _INSTRUCTION.search(line)
-        if m and not m.group(2).startswith("."):  # (directives such as .word in the info sections)
-            for name in pending:
-                labels[name] = len(instructions)
-            pending = []
-            instructions.append(m.group(2))
-    loops = []
-    for i, op in enumerate(instructions):
-        m = _BRANCH_TO.search(op)
-        if m and labels.get(m.group(1), i) < i:
-            body = instructions[labels[m.group(1)]:i + 1]
-            if sum("HGMMA" in o for o in body) >= 10 and len(body) < 1000:
-                loops.append(body)
-    return loops
-
-
-def between_waits(body: list[str]) -> list[str]:
-    """The instructions between the wait for S (wait_group 1) and the wait for PV (wait_group 0)."""
-    start = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in op)
-    end = next(i for i, op in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in op and i > start)
-    return body[start:end]
+def steady_loops(cubin: bytes) -> list[list[str]]:
+    """The kv loops of the kernel (benchmarks.probes.sass_loops.kv_loops: bodies of backward branches holding both
+    GEMMs of an iteration, under 1000 instructions)."""
+    return kv_loops(disassemble(cubin))
 
 
 # (head_dim, block_n, causal): the fewest exp2s before the PV wait over the kernel's kv loops, as compiled for
@@ -103,7 +55,7 @@ EXP2S_BEFORE_PV_WAIT = {  # of the 66, 90 and 42 exp2s an iteration issues at bl
 def test_the_softmax_overlaps_the_pv_gemm(tmp_path, head_dim, block_n, causal):
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout="dense", causal=causal,
                      block_n=block_n)
-    loops = steady_loops(kernel.compile(v, dump_dir=str(tmp_path)).cubin, tmp_path)
+    loops = steady_loops(kernel.compile(v, dump_dir=str(tmp_path)).cubin)
     assert loops, "no kv loop found in the SASS"
     windows = [between_waits(body) for body in loops]
     counts = [sum("MUFU.EX2" in op for op in w) for w in windows]
