@@ -59,7 +59,8 @@ def parse_shape(text: str) -> tuple[int, int, bool, int, int]:
     return d, s, c, h, cap
 
 
-def ncu_command(shape: tuple[int, int, bool, int, int], fa3: bool, launches: int, extra: tuple[str, ...] = ()) -> list[str]:
+def ncu_command(shape: tuple[int, int, bool, int, int], fa3: bool, launches: int,
+                extra: tuple[str, ...] = ()) -> list[str]:
     """The ncu command line that profiles one contender on one shape (aotc's kernel, or FA3's device_kernel)."""
     d, s, causal, h, cap = shape
     return ["ncu", "--clock-control", "base", "--metrics", ",".join((CYCLES, TENSOR, ACTIVE) + tuple(extra)),
@@ -100,7 +101,8 @@ def main() -> None:
     extra = tuple(args.metric)
     for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
         d, s, causal, h, cap = shape
-        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16", **({"softcap": cap} if cap else {})}
+        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16",
+               **({"softcap": cap} if cap else {})}
         contenders = {name: profile(shape, bundle, args.launches, extra) for name, bundle in zip(names, args.bundle)}
         if args.fa3:
             contenders["fa3"] = profile(shape, None, args.launches, extra)

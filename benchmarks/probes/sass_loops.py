@@ -27,8 +27,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from aotc.storage.bundle_reader import open_bundle  # noqa: E402
 
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
@@ -121,9 +123,12 @@ def loop_stats(body: list[str]) -> dict:
 
 
 def bundle_cubin(bundle: str, variant: str) -> bytes:
-    """A variant's cubin from a bundle (a zip whose kernels/<variant name>.cubin members hold them)."""
-    with zipfile.ZipFile(bundle) as z:
-        return z.read(f"kernels/{variant}.cubin")
+    """A variant's cubin from a bundle, read and checked by the bundle reader (aotc.storage.bundle_reader)."""
+    index = open_bundle(bundle, check_arch=False, other_sources=True)
+    for member in index.members:
+        if member.variant.name == variant:
+            return member.read().cubin
+    raise SystemExit(f"{bundle} holds no variant {variant!r} (`aotc bundle inspect {bundle}` lists them)")
 
 
 def fa3_function(cubin: Path, substring: str) -> str:
