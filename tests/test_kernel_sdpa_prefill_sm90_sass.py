@@ -68,3 +68,20 @@ def test_the_softmax_overlaps_the_pv_gemm(tmp_path, head_dim, block_n, causal):
     # and the S wait also waited for four of them)
     groups = [sum("HGMMA" in op and "gsb0" in op for op in body[:body.index(w[0])]) for body, w in zip(loops, windows)]
     assert max(groups) <= 2, f"wgmma groups issued before the S wait per kv loop: {groups}; expected S and PV, one each"
+
+
+def test_the_soft_capped_kv_loop_against_a_fixed_offset_has_no_row_max(tmp_path):
+    """bf16 soft-cap compiles the kv loop twice (aotc.kernels.softmax.capped_softmax_row): against the cap's fixed
+    offset, no row max (FMNMX), no quad shuffle and no exp2 of an O rescale factor, and the online softmax for
+    softcaps above the bound; both keep the softmax's exp2s ahead of the PV wait."""
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout="dense", causal=True,
+                     block_n=176, softcap=True)
+    loops = steady_loops(kernel.compile(v, dump_dir=str(tmp_path)).cubin)
+    fixed = [body for body in loops if not any("FMNMX" in op for op in body)]
+    online = [body for body in loops if any("FMNMX" in op for op in body)]
+    assert fixed and online, f"kv loops with / without a row max: {len(online)} / {len(fixed)}; expected both"
+    for body in fixed:
+        assert not any("SHFL" in op for op in body), "a quad shuffle in the fixed-offset loop"
+        # one exp2 a score (88 at block_n 176, two rows of 44 a thread), none for a rescale factor
+        assert sum("MUFU.EX2" in op for op in body) == 88
+        assert sum("MUFU.EX2" in op for op in between_waits(body)) >= 24

@@ -73,7 +73,8 @@ from .hopper import acc_mn_view, acc_to_a_operand, gemm, smem_layout, store_conv
 from .mask import (kv_block_range, kv_blocks_for_queries, kv_loop_segments, mask_columns, mask_columns_between, mask_row,
                    score_limits)
 from .seqlen import seq_bounds
-from .softmax import (LOG2_E, NEG_INF, ScoreScale, normalize_rows, rescale_rows, softcap_row, softmax_row,
+from .softmax import (LOG2_E, NEG_INF, ScoreScale, capped_softmax_row, normalize_rows, rescale_rows, softcap_row,
+                      softmax_row,
                       store_lse_rows)
 from .tile_scheduler import PersistentTiles, RaggedTiles
 from .warp_mma import DTYPES, VEC, make_s2g
@@ -126,6 +127,9 @@ class SdpaPrefillSm90:
             raise ValueError(f"{variant.name}: fp8 KV is served by the paged layouts at (head_dim, block_n) in "
                              f"{list(FP8_TILES)}")
         self.mma_dtype = cutlass.Float16 if self.fp8 else dtype
+        # soft-cap with bf16 P: a second kv loop whose softmax takes p against the cap's fixed offset (no row max,
+        # no O rescale), run when the softcap value allows it (aotc.kernels.softmax: capped_softmax_row)
+        self.capped = self.softcap and self.mma_dtype == cutlass.BFloat16
         self.sep_o = t.separate_o(D, self.fp8)
         # (a tile without room for an O tile of its own stages O in Q's slab; staging it in the last kv block's V
         # stage instead, FA3's smem_o over smem_v, with Q released after the last S GEMM, took 7% more SM cycles at
@@ -498,9 +502,9 @@ class SdpaPrefillSm90:
         gemm(ctx.mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrVt[None, None, None, s], zero_init=False)
 
     @cute.jit
-    def softmax(self, ctx, acc_S, n, masked: cutlass.Constexpr):
+    def softmax(self, ctx, acc_S, n, masked: cutlass.Constexpr, fixed: cutlass.Constexpr):
         """[mask] kv block n, online softmax: S -> P (in place), row max/sum updated, the O rescale
-        factors left in ctx.alpha."""
+        factors left in ctx.alpha. fixed: soft-capped rows against their fixed offset (no max, no factors)."""
         S_mn = acc_mn_view(acc_S)
         row_max = ctx.row_max
         row_sum = ctx.row_sum
@@ -523,12 +527,16 @@ class SdpaPrefillSm90:
                     mask_row(S_mn, r, ctx.cS_mn, key_lim, causal_lim, self.causal, self.window, ctx.window_left)
             # FA3's order (every row's max and alpha, then the exp2s), or O's rescale written between the exp2s,
             # measured no faster (benchmarks/results/prefill_experiment_softmax_order.json)
-            alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
-            ctx.alpha[r] = alpha
+            if cutlass.const_expr(fixed):
+                capped_softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+            else:
+                alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+                ctx.alpha[r] = alpha
 
     @cute.jit
-    def rescale_o(self, ctx):
-        rescale_rows(acc_mn_view(ctx.acc_O), ctx.alpha)
+    def rescale_o(self, ctx, fixed: cutlass.Constexpr):
+        if cutlass.const_expr(not fixed):  # a fixed offset never moves: nothing to rescale
+            rescale_rows(acc_mn_view(ctx.acc_O), ctx.alpha)
 
     @cute.jit
     def release_q(self, ctx):
@@ -599,7 +607,7 @@ class SdpaPrefillSm90:
         store_converted_pairs(ctx.rP, acc_S)
 
     @cute.jit
-    def first_block(self, ctx, n_max, n_iter, g0):
+    def first_block(self, ctx, n_max, n_iter, g0, fixed: cutlass.Constexpr):
         """kv iteration 0 (block n_max - 1, always in the masked range): S, softmax, P; O is still 0."""
         bars = ctx.bars
         s, phase = self.ring(g0)
@@ -613,11 +621,11 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(self.sep_o):
             if n_iter == 1:
                 self.release_q(ctx)  # the tile's only S GEMM is done: the next tile's Q may load
-        self.softmax(ctx, acc_S, n_max - 1, True)
+        self.softmax(ctx, acc_S, n_max - 1, True, fixed)
         self.store_p(ctx, acc_S)
 
     @cute.jit
-    def overlapped_block(self, ctx, t, n_max, n_iter, g0, masked: cutlass.Constexpr):
+    def overlapped_block(self, ctx, t, n_max, n_iter, g0, masked: cutlass.Constexpr, fixed: cutlass.Constexpr):
         """kv iteration t >= 1 (block n = n_max - 1 - t): S(t) = Q K(t)^T and O += P(t-1) V(t-1) are
         issued together, O rescaled by block t-1's factors between them; the softmax of S(t) runs while
         the PV GEMM is in flight; then P(t) replaces P(t-1) in the A-operand registers."""
@@ -631,14 +639,14 @@ class SdpaPrefillSm90:
         # nothing after the softmax that needs O, ptxas no longer pulls the PV wait up to interleave the rescale with
         # the exp2s. D256 (with P converted in pairs, store_p): 3.1-4.1% fewer SM cycles, D128 and D64 +0.3 to -1.2%
         # (benchmarks/results/prefill_rescale_before_pv.json)
-        self.rescale_o(ctx)
+        self.rescale_o(ctx, fixed)
         cute.arch.mbarrier_wait(bars + self.v_full(sp), phase_p)
         self.issue_pv(ctx, sp)
         self.sched_arrive(ctx)
         warpgroup.wait_group(1)  # S(t) done; PV(t-1) may still run
         if ctx.lane == 0:
             cute.arch.mbarrier_arrive(bars + self.k_empty(s))
-        self.softmax(ctx, acc_S, n_max - 1 - t, masked)
+        self.softmax(ctx, acc_S, n_max - 1 - t, masked, fixed)
         warpgroup.wait_group(0)  # PV(t-1) done: O and P(t-1) are free
         # V(t-1)'s stage is free since this wait. ptxas moves the wait up into the softmax, next to the stage
         # arrives; for the tiles without an O tile of their own (D128-176, D256) the V arrive after P's conversion
@@ -659,11 +667,11 @@ class SdpaPrefillSm90:
                 cute.arch.mbarrier_arrive(bars + self.v_empty(sp))
 
     @cute.jit
-    def last_block(self, ctx, n_iter, g0):
+    def last_block(self, ctx, n_iter, g0, fixed: cutlass.Constexpr):
         """O rescaled by the last block's factors, O += P(last) V(last)."""
         bars = ctx.bars
         s, phase = self.ring(g0 + n_iter - 1)
-        self.rescale_o(ctx)
+        self.rescale_o(ctx, fixed)
         cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
         self.sched_sync(ctx)
         self.issue_pv(ctx, s)
@@ -779,20 +787,34 @@ class SdpaPrefillSm90:
         if padding:
             self.idle_tile(tile, n_iter, g0)
         elif n_max > 0:
-            self.first_block(tile, n_max, n_iter, g0)
-            for t in cutlass.range(1, n_right, unroll=1):
-                self.overlapped_block(tile, t, n_max, n_iter, g0, True)
-            for t in cutlass.range(cutlass.max(n_right, 1), n_plain_end, unroll=1):
-                self.overlapped_block(tile, t, n_max, n_iter, g0, False)
-            if cutlass.const_expr(self.window):  # the window's left edge
-                for t in cutlass.range(cutlass.max(n_plain_end, 1), n_iter, unroll=1):
-                    self.overlapped_block(tile, t, n_max, n_iter, g0, True)
-            self.last_block(tile, n_iter, g0)
+            if cutlass.const_expr(self.capped):
+                if tile.fixed_offset:
+                    tile.row_max.fill(tile.capped_row_max)
+                    self.kv_loop(tile, n_max, n_iter, n_right, n_plain_end, g0, True)
+                else:
+                    self.kv_loop(tile, n_max, n_iter, n_right, n_plain_end, g0, False)
+            else:
+                self.kv_loop(tile, n_max, n_iter, n_right, n_plain_end, g0, False)
         else:
             if cutlass.const_expr(self.sep_o):
                 self.release_q(tile)  # no S GEMM at all: Q's buffer is free at once
         if not padding:
             self.epilogue(tile, o, wg_index)
+
+    @cute.jit
+    def kv_loop(self, tile, n_max, n_iter, n_right, n_plain_end, g0, fixed: cutlass.Constexpr):
+        """The kv blocks of a tile with at least one: the first, the masked ones on the right, the plain ones,
+        [the window's masked left edge], the last PV. fixed: the soft-capped softmax against its fixed offset
+        (the whole loop is compiled once per softmax, so that neither pays a branch inside it)."""
+        self.first_block(tile, n_max, n_iter, g0, fixed)
+        for t in cutlass.range(1, n_right, unroll=1):
+            self.overlapped_block(tile, t, n_max, n_iter, g0, True, fixed)
+        for t in cutlass.range(cutlass.max(n_right, 1), n_plain_end, unroll=1):
+            self.overlapped_block(tile, t, n_max, n_iter, g0, False, fixed)
+        if cutlass.const_expr(self.window):  # the window's left edge
+            for t in cutlass.range(cutlass.max(n_plain_end, 1), n_iter, unroll=1):
+                self.overlapped_block(tile, t, n_max, n_iter, g0, True, fixed)
+        self.last_block(tile, n_iter, g0, fixed)
 
     @cute.jit
     def zero_v_tail(self, ctx, wg_index, n_max, g0):
@@ -1034,6 +1056,9 @@ class SdpaPrefillSm90:
             score = ScoreScale(softmax_scale, softcap, self.softcap)
             ctx.scale_log2 = score.scale_log2
             ctx.cap_in = score.cap_in
+            if cutlass.const_expr(self.capped):
+                ctx.fixed_offset = score.fixed_offset
+                ctx.capped_row_max = score.capped_row_max
             ctx.window_left = window_left
             ctx.sinks = sinks
             ctx.write_lse = write_lse

@@ -17,6 +17,15 @@ Score features (aotc.families.features): soft-cap rewrites a row's scores before
 softcap * log2(e), which folds the cap's multiply into the exponent's FFMA, as FA3 does: ScoreScale gives
 both); sinks enter once, when a row is normalized (normalize_rows' sink_log2: the sink logit joins the
 denominator and the LSE).
+
+Soft-capped rows against a fixed offset (capped_softmax_row): a soft-capped logit lies within
+[-softcap, softcap], so for softcap * log2(e) <= CAPPED_MAX_SCALE_LOG2 every p can be taken relative to one
+offset known before the kv loop, the cap minus CAPPED_P_MAX_LOG2, instead of a running max: no row max, no quad
+shuffles, no alpha and no O rescale. The row's max is filled with that offset (in tanh units:
+capped_row_max) and normalize_rows and the LSE use it as any kept max. The bound keeps every p a normal number
+of fp32 and bf16 (2^(64 - 2 * 92) = 2^-120 >= 2^-126) and row sums of 2^31 keys below 2^95, so O stays finite
+for |v| < 2^32; fp16's range (2^-24 .. 2^16) is too narrow, so only bf16 P takes it (a kernel picks it at run
+time from the softcap value; above the bound it runs the online softmax).
 """
 import math
 
@@ -28,6 +37,8 @@ LOG2_E = 1.4426950408889634074
 LN_2 = 0.6931471805599453094
 NEG_INF = -math.inf
 MAX_SLACK_LOG2 = 8.0
+CAPPED_P_MAX_LOG2 = 64.0  # the largest p of a soft-capped row against its fixed offset: 2^64
+CAPPED_MAX_SCALE_LOG2 = 92.0  # softcap * log2(e) up to which the fixed offset serves (softcap <= 63.7)
 
 
 def quad_allreduce(val, op):
@@ -62,17 +73,32 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_sl
     return alpha
 
 
+@cute.jit
+def capped_softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2):
+    """softmax_row for a soft-capped row whose max is the fixed offset row_max[r] (capped_row_max): S_mn[r]
+    becomes p = 2^(s * scale_log2 - offset), row_sum[r] gains their sum; the offset never moves, so there is no
+    factor to return (alpha = 1)."""
+    row = S_mn[r, None].load()
+    p = cute.math.exp2(row * scale_log2 - row_max[r] * scale_log2, fastmath=True)
+    row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    S_mn[r, None].store(p)
+
+
 class ScoreScale:
     """How raw q.k scores become the softmax's log2-domain logits: (scale_log2, cap_in) with
     p = 2^(s' * scale_log2 - max), s' = s (plain: scale_log2 = scale * log2(e)) or tanh(s * cap_in)
     (soft-cap: cap_in = scale / softcap, scale_log2 = softcap * log2(e)). Built in the kernel from the
-    runtime softmax_scale and softcap."""
+    runtime softmax_scale and softcap. Soft-cap also gives capped_row_max, the fixed offset in tanh units
+    (1 - CAPPED_P_MAX_LOG2 / scale_log2: p <= 2^64), and fixed_offset, whether it may serve
+    (scale_log2 <= CAPPED_MAX_SCALE_LOG2; capped_softmax_row)."""
 
     def __init__(self, softmax_scale, softcap_value, softcap: bool):
         self.softcap = softcap
         if softcap:
             self.scale_log2 = softcap_value * Float32(LOG2_E)
             self.cap_in = softmax_scale / softcap_value
+            self.capped_row_max = Float32(1.0) - Float32(CAPPED_P_MAX_LOG2) / self.scale_log2
+            self.fixed_offset = self.scale_log2 <= Float32(CAPPED_MAX_SCALE_LOG2)
         else:
             self.scale_log2 = softmax_scale * Float32(LOG2_E)
             self.cap_in = Float32(0.0)

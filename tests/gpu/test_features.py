@@ -163,17 +163,21 @@ def test_prefill_dense(rt, family, index):
                 _check(out[b], None, refs[b], dtype, f.softcap, f"{what} lse=None batch {b}")
 
 
-@pytest.mark.parametrize("softcap", [30.0, 50.0])
+# 63 and 64: either side of the fixed-offset bound of the soft-capped softmax (softcap * log2(e) <= 92, softcap
+# <= 63.77: aotc.kernels.softmax.CAPPED_MAX_SCALE_LOG2), which bf16 Hopper kernels take below it and leave above
+@pytest.mark.parametrize("softcap", [30.0, 50.0, 63.0, 64.0])
 @pytest.mark.parametrize("family", PREFILL_FAMILIES)
 def test_softcap_logits_within_and_beyond_the_cap(rt, family, softcap):
     """Soft-cap over logits within the cap (most logits of the models that use one; test_prefill_dense's reach
     several times the cap) and beyond it, in one launch: head 0's logits about N(0, (softcap / 8)^2), head 1's
-    about N(0, (2 softcap)^2), head 2's like head 0's but for a few keys 24 times larger; every soft-cap dense
-    variant, against the fp64 reference."""
+    about N(0, (2 softcap)^2), head 2's like head 0's but for a few keys 24 times larger, head 3's all about
+    -3 softcap and head 4's all about +3 softcap (every capped logit of a row within 0.5% of -softcap or
+    +softcap: the extremes of the fixed offset's range, p about 2^(64 - 2 softcap log2 e) and 2^64); every
+    soft-cap dense variant, against the fp64 reference."""
     vs = [v for v in _prefill_variants(rt, family, "dense") if "softcap" in v[4]]
     if not vs:
         pytest.skip(f"the bundle holds no dense {family} kernel with softcap")
-    S, H = 1000, 3
+    S, H = 1000, 5
     for dtype, D, _, causal, combo in vs:
         torch.manual_seed(D + int(softcap))
         scale = D ** -0.5
@@ -182,6 +186,12 @@ def test_softcap_logits_within_and_beyond_the_cap(rt, family, softcap):
             amp = math.sqrt(sigma / (scale * math.sqrt(D)))
             q[:, :, h].mul_(amp), k[:, :, h].mul_(amp)
         k[:, 100::300, 2].mul_(24.0)
+        # heads 3 and 4: q and k along one unit direction u (plus 0.1 N(0, 1) noise), scale * q.k = -/+ 3 softcap
+        u = torch.nn.functional.normalize(torch.randn(D, device="cuda"), dim=0)
+        amp = math.sqrt(3 * softcap / scale)
+        for h, sign in ((3, -1.0), (4, 1.0)):
+            q[:, :, h] = (sign * amp * u + 0.1 * torch.randn(S, D, device="cuda")).to(dtype)
+            k[:, :, h] = (amp * u + 0.1 * torch.randn(S, D, device="cuda")).to(dtype)
         out = alloc(1, S, H, D, dtype, "bshd", fill=math.nan)
         lse = torch.full((1, H, S), math.nan, device="cuda")
         sinks = make_sinks("mixed", H) if "sinks" in combo else None
