@@ -44,7 +44,7 @@ from ..common.abi import LaunchFacts, Param, has_grid_dependency_control, ptr, s
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS
-from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
+from .kv_dtype import FP8, KV_DTYPE_FIELD, e4m3_row_bytes, kv_scale_params, why_invalid_kv_dtype
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
@@ -74,8 +74,7 @@ class Tile:
     def smem_bytes(self, head_dim: int) -> int:
         """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
         q_bytes = ROWS_PER_CTA * head_dim * 2
-        # (fp8: e4m3 rows of D bytes, at least 128 a row: D64's rows take half a 16-bit swizzle atom each)
-        ring_bytes = self.slots * self.block_n * (max(head_dim, 128) if self.fp8 else head_dim * 2)
+        ring_bytes = self.slots * self.block_n * (e4m3_row_bytes(head_dim) if self.fp8 else head_dim * 2)
         # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
         merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
         return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024

@@ -38,7 +38,8 @@ from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
-from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
+from .kv_dtype import (FP8, KV_DTYPE_FIELD, e4m3_row_bytes, kv_fp8, kv_scale_params, why_invalid_kv_dtype,
+                       why_not_paged_fp8)
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,8 @@ ATTENTION_FIELDS = (
 
 
 # fp8 KV (paged layouts): the K and V tiles hold e4m3 rows as 16-bit pairs, D / 2 of them a row, in the
-# 64-column swizzle atoms of the 16-bit tiles (aotc.kernels.warp_mma.smem_tile_layout; a D64 row fills half an
-# atom, the other half unused)
+# 64-column swizzle atoms of the 16-bit tiles (aotc.families.kv_dtype.e4m3_row_bytes)
 FP8_HEAD_DIMS = (64, 128, 256)
-
-
-def kv_fp8(variant: Variant) -> bool:
-    return variant.get("kv_dtype") == FP8
 
 
 def _why_invalid(values: dict) -> str | None:
@@ -141,8 +137,8 @@ def _why_invalid(values: dict) -> str | None:
     if reason is not None:
         return reason
     if values.get("kv_dtype") == FP8:
-        if not values["layout"].startswith("paged"):
-            return f"kv_dtype {FP8} is for the paged layouts (an fp8 KV cache), not {values['layout']}"
+        if (not_paged := why_not_paged_fp8(values["layout"])) is not None:
+            return not_paged
         if values["head_dim"] not in FP8_HEAD_DIMS:
             return f"kv_dtype {FP8} needs head_dim in {list(FP8_HEAD_DIMS)}, not {values['head_dim']}"
     if values["layout"] == "ragged" and values["strides"] == "packed":
@@ -155,8 +151,8 @@ def _why_invalid(values: dict) -> str | None:
 
 def smem_bytes(head_dim: int, tile: Tile, kv_fp8: bool = False) -> int:
     """Dynamic shared memory of one CTA: a Q tile of 2-byte elements, a K tile and a V tile of 2-byte
-    elements (fp8 KV: rows of e4m3 bytes, at least 128 bytes a row)."""
-    return tile.block_m * head_dim * 2 + 2 * tile.block_n * (max(head_dim, 128) if kv_fp8 else head_dim * 2)
+    elements (fp8 KV: rows of e4m3 bytes, kv_dtype.e4m3_row_bytes)."""
+    return tile.block_m * head_dim * 2 + 2 * tile.block_n * (e4m3_row_bytes(head_dim) if kv_fp8 else head_dim * 2)
 
 
 def launch_facts(variant: Variant, tile: Tile | None = None) -> LaunchFacts:

@@ -49,7 +49,7 @@ from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
-from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
+from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_fp8, kv_scale_params, why_invalid_kv_dtype, why_not_paged_fp8
 from .sdpa_prefill import ATTENTION_FIELDS, LAYOUTS, PAGE_SIZES, page_size  # noqa: F401 (re-exported)
 
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
@@ -179,16 +179,12 @@ def _why_invalid(values: dict) -> str | None:
                 f"(page and block_n must divide one another)")
     reason = why_invalid_kv_dtype(values)
     if reason is None and values.get("kv_dtype") == FP8:
-        if not layout.startswith("paged"):
-            return f"kv_dtype {FP8} is for the paged layouts (an fp8 KV cache), not {layout}"
+        if (not_paged := why_not_paged_fp8(layout)) is not None:
+            return not_paged
         if (values["head_dim"], values["block_n"]) not in FP8_TILES:
             return (f"kv_dtype {FP8}: no tile of head_dim {values['head_dim']} and block_n {values['block_n']} has room "
                     f"for the e4m3 staging rings and their conversion warps (served: {list(FP8_TILES)})")
     return reason
-
-
-def kv_fp8(variant: Variant) -> bool:
-    return variant.get("kv_dtype") == FP8
 
 
 def tma_recipe(variant: Variant, block_n: int) -> dict:

@@ -85,7 +85,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..common.abi import has_grid_dependency_control
-from ..families.kv_dtype import FP8
+from ..families.kv_dtype import FP8, e4m3_row_bytes
 from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
                                     launch_facts, variant_tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
@@ -142,7 +142,7 @@ class SdpaDecode:
         self.KV_COLS = D // 2 if KV8 else D
         # a tile row's pitch: fp8 D64's rows of 32 pairs (64 bytes) sit in the first half of a 64-column swizzle
         # atom (128 bytes): ldmatrix reads them as a (keys, 32) view of the atom, the other half is never read
-        self.KV_PITCH = max(self.KV_COLS, ATOM_COLS)
+        self.KV_PITCH = e4m3_row_bytes(D) // 2 if KV8 else D
         self.KV_PAD = self.KV_COLS < self.KV_PITCH
         self.KW = KW = t.keys_per_warp
         self.BN = BN = t.block_n

@@ -2,6 +2,7 @@
 on, evaluated on static layouts inside a jit trace, no GPU needed (tests/test_kernel_sdpa_decode_compile.py)."""
 import cutlass.cute as cute
 
+from ..families.kv_dtype import e4m3_row_bytes
 from ..families.sdpa_decode import ROWS_PER_CTA, THREADS, WARPS, tile
 from .warp_mma import (ATOM_COLS, DTYPES, acc_mn_view, check_accumulator_views, make_g2s, make_warp_mma, run_traced,
                        smem_tile_layout)
@@ -28,7 +29,7 @@ def _check_mappings_traced(dtype, head_dim: int, arch: str, kv_dtype: str | None
     tl = tile(head_dim, arch, kv_dtype)
     KW, BN = tl.keys_per_warp, tl.block_n
     cols = head_dim // 2 if tl.fp8 else head_dim  # of the K/V tiles (fp8: pairs of e4m3 bytes)
-    pitch = max(cols, ATOM_COLS)
+    pitch = e4m3_row_bytes(head_dim) // 2 if tl.fp8 else head_dim
     D = head_dim
     errors = []
     mma = make_warp_mma(dtype, 1)

@@ -60,8 +60,9 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
-from ..families.sdpa_prefill import (PAGED_PARAMS, PARAMS, TILES, Tile, block_pages, kv_fp8, launch_facts, page_size,
-                                     pass_source, smem_bytes)
+from ..families.kv_dtype import e4m3_row_bytes, kv_fp8
+from ..families.sdpa_prefill import (PAGED_PARAMS, PARAMS, TILES, Tile, block_pages, launch_facts, page_size, pass_source,
+                                     smem_bytes)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import gemm_pv_e4m3, gemm_qk_e4m3, o_column, rewrite_q_f16
 from .mask import kv_block_range, kv_loop_segments, mask_row, score_limits
@@ -129,7 +130,7 @@ class SdpaPrefill:
         self.kv_cols = kv_cols = D // 2 if kv8 else D
         # a tile row's pitch: fp8 D64's rows of 32 pairs (64 bytes) sit in the first half of a 64-column swizzle
         # atom; ldmatrix reads a (bn, 32) view of the tile, the other half is never read
-        self.kv_pitch = kv_pitch = max(kv_cols, ATOM_COLS)
+        self.kv_pitch = kv_pitch = e4m3_row_bytes(D) // 2 if kv8 else D
         self.kv_pad = kv_cols < kv_pitch
         if kv_cols % ATOM_COLS and kv_cols != ATOM_COLS // 2:
             raise ValueError(f"{variant.name}: fp8 KV rows of {kv_cols} 16-bit pairs are not whole or half swizzle atoms")
@@ -198,8 +199,9 @@ class SdpaPrefill:
         slot0 = Int32(0)
         if cutlass.const_expr(self.page > self.bn):
             slot0 = t0 & (self.page - 1)
-        # fp8 D64: the threads of a row's first kv_cols / 8 chunks copy it (the others would read past the row)
-        in_row = (tid & 7) * VEC < self.kv_cols
+        if cutlass.const_expr(self.kv_pad):
+            # fp8 D64: the threads of a row's first kv_cols / 8 chunks copy it (the others would read past the row)
+            in_row = (tid & 7) * VEC < self.kv_cols
         for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             row = t0XcX[0, r, 0][0]  # the pass's first row in the block (compile time)
             j, pass_slot = pass_source(row, self.page, self.bn)
