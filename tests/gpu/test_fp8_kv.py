@@ -218,8 +218,10 @@ def fp8_attention_mixed_batch(rt, variants, layout, per_head, heads, decode_quer
 def test_fp8_attention_large_queries_and_graph_replay(rt):
     """Queries far beyond fp16's range (bf16, |q| up to 1e6, the softmax scale 1 / (1e6 sqrt(D)) so the logits stay
     of order 1: the kernel rewrites Q as fp16 times a power of two per warpgroup) against fp64; then the same plan
-    captured in a CUDA graph and replayed with new lengths."""
-    fp8_attention_large_queries_and_graph_replay(rt, fp8_attention_variants(rt)[0])
+    captured in a CUDA graph and replayed with new lengths; every plain fp8 Hopper variant (D64's tile has two
+    consumer warpgroups where its 16-bit one has three)."""
+    for variant in fp8_attention_variants(rt):
+        fp8_attention_large_queries_and_graph_replay(rt, variant)
 
 
 def fp8_attention_large_queries_and_graph_replay(rt, variant):
@@ -264,9 +266,9 @@ def fp8_attention_large_queries_and_graph_replay(rt, variant):
 
 
 def test_fp8_attention_with_score_features(rt):
-    """rt.attention over e4m3 pools with the paged kernels built with a window, soft-cap or sinks: the portable
-    ones (the default bundle's gpt-oss D64 kernels: no Hopper kernel takes D64 over fp8) and the Hopper ones
-    (specs/full.toml)."""
+    """rt.attention over e4m3 pools with the paged kernels built with a window, soft-cap or sinks: the Hopper ones
+    (the default bundle's gpt-oss D64 kernels; specs/full.toml's others) and the portable ones where a bundle has
+    some the Hopper kernels do not serve (test_attention_portable.py runs its bundle's)."""
     ran = [fp8_attention_with_features(rt, family) for family in ("sdpa_prefill", "sdpa_prefill_sm90")]
     if not any(ran):
         pytest.skip("no fp8 paged kernel with score features in this bundle (specs/full.toml builds them)")
