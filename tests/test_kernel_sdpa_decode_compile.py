@@ -91,10 +91,12 @@ def test_plain_compile_record(tmp_path):
     assert built.launch.dynamic_smem == tile(128, "sm_90").smem_bytes(128)
 
 
+@pytest.mark.parametrize("kv_dtype", [None, "fp8_e4m3"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_static_mappings(head_dim):
-    # P-as-A-operand view, accumulator rows/cols, gather-copy rows and columns, warp key views
-    assert verify_mappings(head_dim) == []
+def test_static_mappings(head_dim, kv_dtype):
+    # P-as-A-operand view, accumulator rows/cols, gather-copy rows and columns, warp key views (fp8: of the
+    # e4m3 pairs' tiles, D64's in half their pitch)
+    assert verify_mappings(head_dim, kv_dtype=kv_dtype) == []
 
 
 def test_tile_configs_fit():
@@ -112,16 +114,27 @@ def test_wrong_family(tmp_path):
         kernel.compile(v, dump_dir=str(tmp_path))
 
 
-def test_fp8_kv_variant(tmp_path):
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_fp8_kv_variant(tmp_path, head_dim):
     """bf16 queries over e4m3 pools: e4m3 -> fp16 by cvt (two values an instruction) in registers, fp16 MMAs,
-    Q rewritten in fp16 once (cvt.rn.f16x2.f32), no spills, the family's fp8 tile and smem."""
-    v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv="paged16", layout="dense",
+    Q rewritten in fp16 once (cvt.rn.f16x2.f32), no spills, the family's fp8 tile and smem. D64: rows of 64
+    bytes in half a swizzle atom each, so its ring takes D128's bytes (16 keys a warp)."""
+    v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=head_dim, kv="paged16", layout="dense",
                      kv_dtype="fp8_e4m3")
     built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
     ptx = built.ptx
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "bf16.bf16" not in ptx  # no bf16 MMA: K, V, P and Q are fp16
     assert built.frame_bytes == 0
-    t = tile(128, "sm_90", "fp8_e4m3")
-    assert t.fp8 and built.launch.dynamic_smem == t.smem_bytes(128) <= t.smem_limit
-    assert tile(64, "sm_90", "fp8_e4m3") is None  # 64-byte rows: half a swizzle atom
+    t = tile(head_dim, "sm_90", "fp8_e4m3")
+    assert t.fp8 and built.launch.dynamic_smem == t.smem_bytes(head_dim) <= t.smem_limit
+    assert t.keys_per_warp == 16
+    if head_dim == 64:  # the ring's rows of 128 bytes (64 of them e4m3), and Q
+        assert t.smem_bytes(64) == t.slots * t.block_n * 128 + ROWS_PER_CTA * 64 * 2
+
+
+def test_fp8_tiles_fit():
+    for arch in ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"):
+        for head_dim in (64, 128, 256):
+            t = tile(head_dim, arch, "fp8_e4m3")
+            assert t.fp8 and t.smem_bytes(head_dim) <= t.smem_limit, (arch, head_dim)

@@ -10,7 +10,7 @@ pytest.importorskip("cutlass")
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import PARAMS, RAGGED_REGISTERS, REGISTERS, tile  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import FP8_REGISTERS, PARAMS, RAGGED_REGISTERS, REGISTERS, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 
@@ -62,6 +62,28 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "mbarrier.arrive.expect_tx" in ptx
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_variant(tmp_path, head_dim):
+    """Over fp8 pools (paged16): two consumer warpgroups at both head dims (D64's 16-bit tile has three), the fp8
+    register split within the register file, the e4m3 conversion in registers, fp16 GEMMs, no spills, and the
+    shared memory the tile says (its e4m3 staging rings included)."""
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout="paged16", causal=True,
+                     block_n=128, kv_dtype="fp8_e4m3")
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
+    ptx = built.ptx
+    t = tile(head_dim, 128, fp8=True)
+    assert t.consumer_warpgroups == 2 and ".reqntid 384, 1, 1" in ptx
+    producer, consumer = FP8_REGISTERS
+    assert 128 * producer + 256 * consumer <= 65536
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "bf16.bf16" not in ptx  # the GEMMs in fp16
+    assert built.frame_bytes == 0
+    assert built.launch.dynamic_smem == t.smem_bytes(head_dim, True) and built.launch.block == (384, 1, 1)
+    with pytest.raises(ValueError, match="register file"):  # a three-consumer tile cannot take the fp8 split
+        kernel.SdpaPrefillSm90(v, tile(64, 128))
 
 
 @pytest.mark.parametrize("block_n", [128, 176])

@@ -112,6 +112,25 @@ def test_fp8_pools_are_whole_e4m3_rows_128_byte_swizzled(kv_layout):
         assert x.box == (D, P, 1, 1) and x.swizzle_bytes == 128
 
 
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_d64_fp8_pools_are_64_byte_swizzled_on_two_consumer_warpgroups(kv_layout):
+    """D64 over fp8: a page's rows of 64 e4m3 bytes, 64-byte swizzled (the conversion warps read the staging ring
+    through that swizzle), on the fp8 tile of two consumer warpgroups (block_m 128: the conversion warps' registers)."""
+    H_kv, P, D, pages = 2, 16, 64, 6
+    t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, head_dim=D, kv_dtype="fp8_e4m3")
+    kernel = fake_kernel(D, P, 128, "fp8_e4m3")
+    r = _recipes(kernel, t, d, "bf16")
+    for name in ("k", "v"):
+        assert r[name].box == (D, P, 1, 1) and r[name].swizzle_bytes == 64 and r[name].dtype == "fp8_e4m3"
+    assert r["q"].box == (64, 4, 16) and r["q"].swizzle_bytes == 128
+    fam = get_family("sdpa_prefill_sm90")
+    facts = fam.launch(kernel.variant)
+    assert facts.block == (384, 1, 1) and facts.extra["block_m"] == 128 and facts.extra["block_n"] == 128
+    bf16 = fam.launch(Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=D, layout=f"paged{P}",
+                                   causal=True, block_n=128))
+    assert bf16.extra["block_m"] == 192 and bf16.block == (512, 1, 1)  # the 16-bit D64 tile: three
+
+
 def test_fp8_recipe_is_the_kernels_own():
     """The swizzle of an fp8 pool's boxes is the one the kernel's bundle recorded (kv_swizzle_bytes), not this
     runtime's default: a kernel built before 0017eed (unswizzled staging rings, 0) keeps getting unswizzled
@@ -130,11 +149,13 @@ def test_fp8_pools_need_16_element_strides():
         check(kv_dtype="fp8_e4m3", k_strides=(16 * 2 * 136, 2 * 136, 136, 1), v_strides=packed_strides(kv))
 
 
-def test_fp8_variants_are_paged_d128_kv_blocks_of_128():
+def test_fp8_variants_are_paged_d64_and_d128_kv_blocks_of_128():
     fields = {"dtype": "bf16", "causal": True, "kv_dtype": "fp8_e4m3", "arch": "sm_90a"}
     assert _why_invalid({**fields, "head_dim": 128, "block_n": 128, "layout": "paged16"}) is None
+    assert _why_invalid({**fields, "head_dim": 64, "block_n": 128, "layout": "paged16"}) is None
     assert "for the paged layouts" in _why_invalid({**fields, "head_dim": 128, "block_n": 128, "layout": "ragged"})
-    assert "staging rings" in _why_invalid({**fields, "head_dim": 256, "block_n": 80, "layout": "paged16"})
+    why = _why_invalid({**fields, "head_dim": 256, "block_n": 80, "layout": "paged16"})
+    assert "staging rings" in why and "sdpa_prefill, takes the others" in why
     assert "staging rings" in _why_invalid({**fields, "head_dim": 128, "block_n": 176, "layout": "paged16"})
 
 

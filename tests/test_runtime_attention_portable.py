@@ -397,11 +397,78 @@ def test_capabilities_report_attention_served_by_the_portable_kernels_alone():
     assert not prefill["supported"]  # paged kernels are not the dense entry point's
 
 
-def test_the_portable_kernel_has_no_fp8_candidate():
-    """The portable family reads 16-bit caches only: an fp8 call gets no candidate (so no portable kernel is ever
-    handed e4m3 pools), a 16-bit one loses the kv_dtype field the portable records do not have."""
+def test_the_portable_kernel_is_asked_for_the_cache_s_kv_dtype():
+    """portable_fields keeps the call's kv_dtype: an fp8 cache finds only fp8 kernels, a 16-bit one only 16-bit
+    ones (a record from before the family had the field reads as the queries' dtype: Runtime._first_match)."""
     from aotc.runtime.attention_portable import portable_fields
 
     wanted = {"dtype": "bf16", "head_dim": 128, "layout": "paged16", "causal": True}
-    assert portable_fields({**wanted, "kv_dtype": "fp8_e4m3"}) == []
-    assert portable_fields({**wanted, "kv_dtype": "bf16"}) == [{**wanted, "strides": "general"}]
+    for kv in ("fp8_e4m3", "bf16"):
+        assert portable_fields({**wanted, "kv_dtype": kv}) == [{**wanted, "kv_dtype": kv, "strides": "general"}]
+
+
+# ---------------------------------------------------------------------------- fp8 KV
+
+def test_fp8_kv_is_for_the_paged_layouts():
+    fam = get_family(PORTABLE)
+    base = {"dtype": "bf16", "causal": True, "strides": "general", "window": False, "softcap": False,
+            "sinks": False, "kv_dtype": "fp8_e4m3"}
+    for arch in ("sm_89", "sm_90", "sm_100a", "sm_120a"):
+        for D in (64, 128, 256):
+            assert fam.why_invalid({**base, "arch": arch, "head_dim": D, "layout": "paged16"}) is None
+    why = fam.why_invalid({**base, "arch": "sm_90", "head_dim": 128, "layout": "ragged"})
+    assert "for the paged layouts" in why and "not ragged" in why
+    assert "e4m3 conversions" in fam.why_invalid({**base, "arch": "sm_80", "head_dim": 128, "layout": "paged16"})
+    assert "must be the dtype" in fam.why_invalid({**base, "kv_dtype": "fp16", "arch": "sm_90", "head_dim": 128,
+                                                   "layout": "paged16"})
+    v = Variant.make(PORTABLE, "sm_90", **{**base, "head_dim": 128, "layout": "paged32"})
+    assert [p.name for p in fam.params(v)][-3:] == ["k_descale", "v_descale", "descale_stride_h"]
+    for D in (64, 128, 256):
+        t = TILES[D]
+        v = Variant.make(PORTABLE, "sm_90", **{**base, "head_dim": D, "layout": "paged32"})
+        # e4m3 K and V tiles: half the bytes of the 16-bit ones, at least 128 bytes a row (D64's fill half of it)
+        assert fam.launch(v).dynamic_smem == t.block_m * D * 2 + 2 * t.block_n * max(D, 128)
+        v16 = Variant.make(PORTABLE, "sm_90", **{**base, "kv_dtype": "bf16", "head_dim": D, "layout": "paged32"})
+        assert fam.launch(v16).dynamic_smem == (t.block_m + 2 * t.block_n) * D * 2
+
+
+def fp8_step(heads_kv=2, scale_heads=None, **kw):
+    """step() over e4m3 pools (their strides in bytes, multiples of 16) with fp32 scales [H_kv] (or [1])."""
+    q, k, v, o, cu, sl, pt, ls = step(heads_kv=heads_kv, **kw)
+    k8, v8 = (tensor(x.ptr, x.shape, x.strides, "fp8_e4m3") for x in (k, v))
+    n = heads_kv if scale_heads is None else scale_heads
+    ks = tensor((1 << 32) + 8 * GAP, (n,), (1,), "fp32")
+    vs = tensor((1 << 32) + 9 * GAP, (n,), (1,), "fp32")
+    return q, k8, v8, o, cu, sl, pt, ls, ks, vs
+
+
+@pytest.mark.parametrize("cc,arch", [((8, 9), "sm_89"), ((9, 0), "sm_90")])
+@pytest.mark.parametrize("scale_heads", [None, 1])
+def test_an_fp8_cache_runs_on_the_portable_kernel_with_its_scales(device, cc, arch, scale_heads):
+    """Where no Hopper kernel serves it (an L40S; an H100 whose bundle has no fp8 D256 or D64-class Hopper kernel),
+    an fp8 call runs the portable fp8 kernel with the scales' pointers (per head: stride 1; one for all: 0) and
+    the pools' strides in bytes; the same call over bf16 pools is not given the fp8 kernel."""
+    device.cc = cc
+    rt = Runtime([portable(arch=arch, kv_dtype="fp8_e4m3"), hopper(dtype="bf16")])
+    q, k, v, o, cu, sl, pt, ls, ks, vs = fp8_step(scale_heads=scale_heads)
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls, k_descale=ks, v_descale=vs)
+    plan = next(iter(rt.plans.values()))
+    assert plan.prefill_family == PORTABLE and plan.kernel.variant["kv_dtype"] == "fp8_e4m3"
+    got = device.launches[-1]
+    assert (got["k_descale"], got["v_descale"], got["descale_stride_h"]) == (ks.ptr, vs.ptr, 0 if scale_heads else 1)
+    assert (got["k"], got["v"], got["k_stride_token"]) == (k.ptr, v.ptr, 2 * 128)
+    q, k16, v16, o, cu, sl, pt, ls = step()
+    if cc == (9, 0):  # the bf16 Hopper kernel takes the 16-bit call
+        A.attention(rt, q, k16, v16, o, cu, sl, pt, ls)
+        assert rt.plans[list(rt.plans)[-1]].prefill_family == HOPPER
+    else:
+        with pytest.raises(ArgumentError, match="kernel"):
+            A.attention(rt, q, k16, v16, o, cu, sl, pt, ls)
+
+
+def test_a_16_bit_cache_passes_no_scales_to_the_portable_kernel(device):
+    rt = Runtime([portable()])
+    q, k, v, o, cu, sl, pt, ls = step()
+    A.attention(rt, q, k, v, o, cu, sl, pt, ls)
+    got = device.launches[-1]
+    assert (got["k_descale"], got["v_descale"], got["descale_stride_h"]) == (0, 0, 0)

@@ -73,8 +73,8 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert d["page_sizes"] == [16, 32, 64, 128]
     assert d["layouts"] == ["dense", "paged16", "paged32", "paged64", "paged128"]
     assert d["kv_layouts"] == ["NHD", "HND"] and d["causal"] == [True] and d["lse"] is True
-    # 30 plain kernels, 5 with score features (gpt-oss, Gemma 2, Mistral) and 1 over an fp8 cache
-    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 36)]
+    # 30 plain kernels, 5 with score features (gpt-oss, Gemma 2, Mistral) and 2 over an fp8 cache (D128, D64)
+    assert [(s["family"], s["arch"], s["kernels"]) for s in d["served_by"]] == [("sdpa_decode", "sm_90", 37)]
     assert sorted(d["fields"]["kv_dtype"]) == ["bf16", "fp16", "fp8_e4m3"]
     c = eps["combine"]
     assert c["dtypes"] == ["bf16", "fp16", "fp32"] and c["head_dims"] == [64, 128, 256] and c["causal"] == []
@@ -83,10 +83,11 @@ def test_the_default_bundle_on_an_sm_90a_device(default_runtime):
     assert a["supported"] and a["dtypes"] == ["bf16", "fp16"] and a["head_dims"] == [64, 128, 256]
     assert a["page_sizes"] == [16, 32, 64, 128] and a["kv_layouts"] == ["NHD", "HND"] and a["causal"] == [True]
     # its decode rows' kernel is listed, out of the summary (the paged kernel decides what is served)
-    # (and, over an fp8 cache, one of each at D128 page 16)
-    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 27),
-                                                                                ("sdpa_decode", "sm_90", 30)]
-    assert a["kernels"] == 27 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
+    # (and, over an fp8 cache, one of each at D128 page 16, and gpt-oss's at D64: plain, sinks, window + sinks;
+    # its decode rows' kernels with sinks)
+    assert [(s["family"], s["arch"], s["kernels"]) for s in a["served_by"]] == [("sdpa_prefill_sm90", "sm_90a", 30),
+                                                                                ("sdpa_decode", "sm_90", 32)]
+    assert a["kernels"] == 30 and a["layouts"] == ["paged16", "paged32", "paged64", "paged128"]
     assert sorted(a["fields"]["kv_dtype"]) == ["bf16", "fp16", "fp8_e4m3"]
     # the score features are reported as the fields they are, on every attention entry point
     for e in (a, d, eps["prefill"], eps["prefill_ragged"]):

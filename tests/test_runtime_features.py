@@ -31,13 +31,15 @@ def test_every_attention_family_has_the_three_fields_and_parameters(family):
         f = fam.field(name)
         assert f.choices == (False, True) and f.unlisted == (False,)
     # the attention families' parameter lists depend on the variant only for the portable family's paged
-    # layouts (their own list); sdpa_decode's and sdpa_prefill_sm90's have the fp8 KV scales after them
-    # (aotc.families.kv_dtype), and sdpa_prefill_sm90's then its tile counter (aotc.runtime.counters)
+    # layouts (their own list); sdpa_decode's, sdpa_prefill_sm90's and the portable paged list have the fp8 KV
+    # scales after them (aotc.families.kv_dtype), and sdpa_prefill_sm90's then its tile counter
+    # (aotc.runtime.counters)
     variants = ([SimpleNamespace()] if family != "sdpa_prefill" else
                 [Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=128, layout=layout, causal=True,
                               strides="general") for layout in ("dense", "ragged", "paged16", "paged128")])
-    after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 4}.get(family, 0)
     for v in variants:
+        paged = family == "sdpa_prefill" and v["layout"].startswith("paged")
+        after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 4}.get(family, 3 if paged else 0)
         params = fam.params(v)
         assert params[len(params) - after - 3:len(params) - after] == FEATURE_PARAMS
     if family == "sdpa_prefill_sm90":

@@ -61,7 +61,7 @@ def test_fp8_is_pruned_where_it_cannot_run_with_the_reason():
     reasons = {(p.values["arch"], p.values["head_dim"], p.values["kv_dtype"]): p.reason for p in s.pruned}
     assert "must be the dtype" in reasons[("sm_90", 128, "fp16")]
     assert "e4m3 conversions" in reasons[("sm_80", 128, FP8)]
-    assert "head_dim >= 128" in reasons[("sm_90", 64, FP8)]
+    assert ("sm_90", 64, FP8) in got and ("sm_89", 64, FP8) in got  # D64: e4m3 rows in half a swizzle atom
     assert ("sm_89", 256, FP8) in got  # a D256 tile fits 99 KB
     assert set(FP8_ARCHS) >= {a for a, _, k in got if k == FP8}
 

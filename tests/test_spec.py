@@ -24,15 +24,18 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8 + 4
+    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8 + 4 + 7
     assert len(set(s.variants)) == len(s.variants)
     # fp8 KV: bf16 queries over e4m3 pools, decode (dense and ragged Q) and the attention entry point's paged
-    # kernel at D128 page 16, and the quantizing KV write; every other variant keeps its queries' dtype
+    # kernel at D128 page 16, and the quantizing KV write; gpt-oss's (D64: the KV write, decode, the Hopper paged
+    # kernel for the longer rows); every other variant keeps its queries' dtype
     fp8 = {(v.family, v["dtype"], v["head_dim"]) + ((v["kv"], v["layout"]) if v.family == "sdpa_decode" else ())
            + ((v["layout"], v["block_n"]) if v.family == "sdpa_prefill_sm90" else ())
            for v in s.variants if v.get("kv_dtype") == "fp8_e4m3"}
     assert fp8 == {("sdpa_decode", "bf16", 128, "paged16", "dense"), ("sdpa_decode", "bf16", 128, "paged16", "ragged"),
-                   ("sdpa_prefill_sm90", "bf16", 128, "paged16", 128), ("kv_write", "bf16", 128)}
+                   ("sdpa_prefill_sm90", "bf16", 128, "paged16", 128), ("kv_write", "bf16", 128),
+                   ("sdpa_decode", "bf16", 64, "paged16", "dense"), ("sdpa_decode", "bf16", 64, "paged16", "ragged"),
+                   ("sdpa_prefill_sm90", "bf16", 64, "paged16", 128), ("kv_write", "bf16", 64)}
     assert all(v.get("kv_dtype", v["dtype"]) in (v["dtype"], "fp8_e4m3") for v in s.variants)
     # the score features: off unless listed; on, the combinations today's models use (bf16, causal)
     featured = {(v.family, v["head_dim"], v["layout"], tuple(f for f in ("window", "softcap", "sinks") if v[f]))

@@ -1,5 +1,6 @@
-"""The KV cache's dtype as a variant field of the families that read or write the cache (sdpa_decode,
-kv_write): the queries' dtype as before, or fp8 e4m3 (plain data).
+"""The KV cache's dtype as a variant field of the families that read or write the cache (sdpa_decode, kv_write,
+and the paged layouts of sdpa_prefill and sdpa_prefill_sm90): the queries' dtype as before, or fp8 e4m3 (plain
+data).
 
 fp8_e4m3 pools hold e4m3fn bytes (no infinities; 0x7f/0xff are NaN; largest finite 448) with fp32 scales per
 KV head or per tensor, the same tensors for writing and reading, as vLLM's k_scale / v_scale:
@@ -30,6 +31,28 @@ KV_DTYPE_FIELD = Field(
 # (decode names them k_descale / v_descale, kv_write k_scale / v_scale: the same tensors)
 def kv_scale_params(prefix: str) -> tuple[Param, ...]:
     return (ptr(f"k_{prefix}", 4), ptr(f"v_{prefix}", 4), Param(f"{prefix}_stride_h", "i32"))
+
+
+def kv_fp8(variant) -> bool:
+    """Whether a variant reads (or writes) an fp8 cache."""
+    return variant.get("kv_dtype") == FP8
+
+
+def why_not_paged_fp8(layout: str) -> str | None:
+    """The prefill families take fp8 pools through their paged layouts only (an fp8 cache is a paged one)."""
+    if not layout.startswith("paged"):
+        return f"kv_dtype {FP8} is for the paged layouts (an fp8 KV cache), not {layout}"
+    return None
+
+
+# The warp-MMA kernels (sdpa_decode, sdpa_prefill) hold e4m3 rows in the 64-column swizzle atoms of their 16-bit
+# tiles, read as 16-bit pairs: a row takes D bytes, and at least one atom row of 128 (D64's fill half of it)
+E4M3_MIN_ROW_BYTES = 128
+
+
+def e4m3_row_bytes(head_dim: int) -> int:
+    """Shared-memory bytes one e4m3 row of head_dim values takes in those kernels' K/V tiles."""
+    return max(head_dim, E4M3_MIN_ROW_BYTES)
 
 
 def why_invalid_kv_dtype(values: dict) -> str | None:

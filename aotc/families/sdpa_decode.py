@@ -44,7 +44,7 @@ from ..common.abi import LaunchFacts, Param, has_grid_dependency_control, ptr, s
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS
-from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
+from .kv_dtype import FP8, KV_DTYPE_FIELD, e4m3_row_bytes, kv_scale_params, why_invalid_kv_dtype
 
 KV_CHOICES = ("dense", "paged16", "paged32", "paged64", "paged128")
 MAX_SEQLEN_Q = 16
@@ -74,7 +74,7 @@ class Tile:
     def smem_bytes(self, head_dim: int) -> int:
         """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
         q_bytes = ROWS_PER_CTA * head_dim * 2
-        ring_bytes = self.slots * self.block_n * head_dim * (1 if self.fp8 else 2)
+        ring_bytes = self.slots * self.block_n * (e4m3_row_bytes(head_dim) if self.fp8 else head_dim * 2)
         # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
         merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
         return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024
@@ -96,9 +96,11 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
 # fp8 decode is bound by instruction latency, not bytes (ncu at 3c6d52b, benchmarks/results/logs/
 # ncu_decode_fp8_3c6d52b.txt: 31% of issue slots busy at 2.5 warps a scheduler): D128 runs 4 CTAs an SM (16
 # warps; the kernel compiles to at most 128 registers for them) with 5 tiles of 8 KB each in flight
-# (benchmarks/results/fp8_kv.json). D64 has no fp8 tile: its rows of 64 bytes are half a 16-bit swizzle atom.
-_FP8_TILES = {(128, "big"): (6, 4, 56), (256, "big"): (6, 2, 113), (128, "small"): (11, 1, 99),
-              (256, "small"): (5, 1, 99)}
+# (benchmarks/results/fp8_kv.json). D64's rows of 64 bytes each take half a 16-bit swizzle atom (128 bytes of
+# the ring a row, aotc.kernels.sdpa_decode): D128's tile with 16 keys a warp, the ring the same bytes.
+_FP8_TILES = {(64, "big"): (6, 4, 56), (128, "big"): (6, 4, 56), (256, "big"): (6, 2, 113), (64, "small"): (11, 1, 99),
+              (128, "small"): (11, 1, 99), (256, "small"): (5, 1, 99)}
+_FP8_KEYS_PER_WARP = {64: 16}  # (else the 16-bit tile's)
 
 
 def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
@@ -109,7 +111,7 @@ def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
         if fits is None:
             return None
         slots, ctas, limit_kb = fits
-        return Tile(_KEYS_PER_WARP[head_dim], slots, ctas, limit_kb * 1024, fp8=True)
+        return Tile(_FP8_KEYS_PER_WARP.get(head_dim, _KEYS_PER_WARP[head_dim]), slots, ctas, limit_kb * 1024, fp8=True)
     ctas, limit = _CLASS_LIMITS[cls]
     return Tile(_KEYS_PER_WARP[head_dim], _SLOTS[head_dim][cls], ctas, limit)
 
@@ -122,8 +124,6 @@ def variant_tile(variant: Variant) -> Tile:
 
 
 def _why_no_tile(head_dim: int, arch: str) -> str:
-    if head_dim < 128:
-        return f"fp8 KV needs head_dim >= 128 (e4m3 rows of whole 128-byte swizzle atoms), not {head_dim}"
     return f"no fp8 KV tile of head_dim {head_dim} fits the shared memory of {arch}"
 
 

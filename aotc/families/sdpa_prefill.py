@@ -11,6 +11,10 @@ Tensors (element strides, head-dim stride 1):
           (max_pages * P); sequences of fewer than min_seqlen_q queries are skipped (Runtime.attention's
           decode kernel takes them). A page id outside [0, pages) is never dereferenced: its rows read as
           zeros (as the Hopper family's TMA does). Its own parameter list (PAGED_PARAMS).
+          fp8 KV (kv_dtype fp8_e4m3, paged layouts, sm_89 and later): e4m3 pools with fp32
+          scales k_descale / v_descale [H_kv] (descale_stride_h 1) or [1] (0): attention over k_fp8 *
+          k_descale[h], v_fp8 * v_descale[h], as sdpa_decode's (aotc.families.kv_dtype); the kernel converts
+          the e4m3 fragments to fp16 in registers and runs its MMAs in fp16 (aotc.kernels.fp8)
   LSE fp32 [B, H_q, S_q] (ragged, paged: [H_q, total_q]) natural log, written when write_lse != 0
 
 Causal masking is aligned bottom-right: query i of a sequence with S_q queries and
@@ -34,6 +38,8 @@ from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
+from .kv_dtype import (FP8, KV_DTYPE_FIELD, e4m3_row_bytes, kv_fp8, kv_scale_params, why_invalid_kv_dtype,
+                       why_not_paged_fp8)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ PAGED_PARAMS: tuple[Param, ...] = (
              "v_stride_page", "v_stride_token", "v_stride_head", "o_stride_s", "o_stride_h",
              "lse_stride_h", "lse_stride_s", "pt_stride_b", "pt_stride_p"),
     *FEATURE_PARAMS,
+    *kv_scale_params("descale"),  # fp8 KV only (kv_dtype fp8_e4m3; 0 for 16-bit pools)
 )
 
 # page sizes of the paged layouts: a multiple of the 16 rows one cp.async pass of a tile copies (a pass never
@@ -120,7 +127,20 @@ ATTENTION_FIELDS = (
 )
 
 
+# fp8 KV (paged layouts): the K and V tiles hold e4m3 rows as 16-bit pairs, D / 2 of them a row, in the
+# 64-column swizzle atoms of the 16-bit tiles (aotc.families.kv_dtype.e4m3_row_bytes)
+FP8_HEAD_DIMS = (64, 128, 256)
+
+
 def _why_invalid(values: dict) -> str | None:
+    reason = why_invalid_kv_dtype(values)
+    if reason is not None:
+        return reason
+    if values.get("kv_dtype") == FP8:
+        if (not_paged := why_not_paged_fp8(values["layout"])) is not None:
+            return not_paged
+        if values["head_dim"] not in FP8_HEAD_DIMS:
+            return f"kv_dtype {FP8} needs head_dim in {list(FP8_HEAD_DIMS)}, not {values['head_dim']}"
     if values["layout"] == "ragged" and values["strides"] == "packed":
         return "the packed specialization is for dense layouts (ragged offsets come from cu_seqlens)"
     if values["layout"].startswith("paged") and values["strides"] == "packed":
@@ -129,16 +149,17 @@ def _why_invalid(values: dict) -> str | None:
     return None
 
 
-def smem_bytes(head_dim: int, tile: Tile) -> int:
-    """Dynamic shared memory of one CTA: a Q tile, a K tile and a V tile of 2-byte elements."""
-    return (tile.block_m * head_dim + 2 * tile.block_n * head_dim) * 2
+def smem_bytes(head_dim: int, tile: Tile, kv_fp8: bool = False) -> int:
+    """Dynamic shared memory of one CTA: a Q tile of 2-byte elements, a K tile and a V tile of 2-byte
+    elements (fp8 KV: rows of e4m3 bytes, kv_dtype.e4m3_row_bytes)."""
+    return tile.block_m * head_dim * 2 + 2 * tile.block_n * (e4m3_row_bytes(head_dim) if kv_fp8 else head_dim * 2)
 
 
 def launch_facts(variant: Variant, tile: Tile | None = None) -> LaunchFacts:
     tile = tile or TILES[variant["head_dim"]]
     return LaunchFacts(
         block=(tile.threads, 1, 1),
-        dynamic_smem=smem_bytes(variant["head_dim"], tile),
+        dynamic_smem=smem_bytes(variant["head_dim"], tile, kv_fp8(variant)),
         grid_rule="grid = (ceil(max_seqlen_q / block_m), heads_q, batch)" + (
             "; max_seqlen_q: the call's bound on its query counts (a CTA walks its sequence's query tiles "
             "gridDim.x apart)" if page_size(variant) else ""),
@@ -155,6 +176,7 @@ FAMILY = register(Family(
                                                   "(Runtime.attention)")
                  for f in ATTENTION_FIELDS) + (
         Field("strides", ("general", "packed"), "general Int64 strides, or packed contiguous BSHD (dense only)"),
+        KV_DTYPE_FIELD,
     ) + FEATURE_FIELDS,
     why_invalid=chain(_why_invalid, why_invalid_features),
     params=params,

@@ -49,7 +49,7 @@ from ..common.abi import LaunchFacts, Param, ptr, scalars
 from ..common.variant import Variant
 from . import Family, Field, register
 from .features import FEATURE_FIELDS, FEATURE_PARAMS, chain, why_invalid_features
-from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_scale_params, why_invalid_kv_dtype
+from .kv_dtype import FP8, KV_DTYPE_FIELD, kv_fp8, kv_scale_params, why_invalid_kv_dtype, why_not_paged_fp8
 from .sdpa_prefill import ATTENTION_FIELDS, LAYOUTS, PAGE_SIZES, page_size  # noqa: F401 (re-exported)
 
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
@@ -138,8 +138,9 @@ def page_fits(page: int, block_n: int) -> bool:
     return block_n % page == 0 if page < block_n else page % block_n == 0
 
 
-def tile(head_dim: int, block_n: int) -> Tile:
-    return TILES[head_dim, block_n]
+def tile(head_dim: int, block_n: int, fp8: bool = False) -> Tile:
+    """The tile of a (head dim, block_n) variant; fp8 KV: FP8_TILES's."""
+    return FP8_TILES[head_dim, block_n] if fp8 else TILES[head_dim, block_n]
 
 
 # Q/K/V as TMA descriptors (their tensors 16-byte aligned), O 16 (128-bit stores), LSE, cu_seqlens, the
@@ -162,11 +163,12 @@ PARAMS: tuple[Param, ...] = (
 )
 
 ARCHS = ("sm_90a",)
-# fp8 KV: the conversion warps of the producer warpgroup need registers the D64 tile's three consumer
-# warpgroups leave no room for (32 a thread), and D256's and D128-176's rings leave no shared memory for the
-# staging rings: D128 at kv blocks of 128 (the default spec's fp8 variant, vLLM's bf16 queries over an fp8
-# cache of page 16)
-FP8_TILES = ((128, 128),)
+# fp8 KV: (head dim, block_n) -> the tile. The conversion warps of the producer warpgroup need registers the
+# D64 tile's three consumer warpgroups leave no room for (32 a thread): D64 over fp8 runs two (block_m 128, the
+# FP8_REGISTERS split), its e4m3 rows of 64 bytes 64-byte swizzled; D256's and D128-176's rings leave no shared
+# memory for the staging rings (the portable paged kernel serves those). D128 at kv blocks of 128: the default
+# spec's fp8 variant, vLLM's bf16 queries over an fp8 cache of page 16.
+FP8_TILES = {(128, 128): TILES[128, 128], (64, 128): Tile(128, 128, 2, True)}
 
 
 def _why_invalid(values: dict) -> str | None:
@@ -179,25 +181,23 @@ def _why_invalid(values: dict) -> str | None:
                 f"(page and block_n must divide one another)")
     reason = why_invalid_kv_dtype(values)
     if reason is None and values.get("kv_dtype") == FP8:
-        if not layout.startswith("paged"):
-            return f"kv_dtype {FP8} is for the paged layouts (an fp8 KV cache), not {layout}"
+        if (not_paged := why_not_paged_fp8(layout)) is not None:
+            return not_paged
         if (values["head_dim"], values["block_n"]) not in FP8_TILES:
             return (f"kv_dtype {FP8}: no tile of head_dim {values['head_dim']} and block_n {values['block_n']} has room "
-                    f"for the e4m3 staging rings and their conversion warps (served: {list(FP8_TILES)})")
+                    f"for the e4m3 staging rings and their conversion warps (served: {list(FP8_TILES)}; the portable "
+                    f"paged kernel, sdpa_prefill, takes the others)")
     return reason
-
-
-def kv_fp8(variant: Variant) -> bool:
-    return variant.get("kv_dtype") == FP8
 
 
 def tma_recipe(variant: Variant, block_n: int) -> dict:
     """How the runtime encodes the three descriptors (plain data, recorded in the bundle). fp8 KV: K and V boxes
-    are whole e4m3 rows (D = 128 bytes), 128-byte swizzled, into the staging rings (kv_box_cols, kv_swizzle_bytes;
-    a record without them: box_cols and swizzle_bytes, as Q's)."""
+    are whole e4m3 rows (D bytes), swizzled over a row's bytes (128, or 64 at D64), into the staging rings
+    (kv_box_cols, kv_swizzle_bytes; a record without them: box_cols and swizzle_bytes, as Q's)."""
     page = page_size(variant)
     kv_rows = min(page, block_n) if page else block_n
-    fp8 = {"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": 128} if kv_fp8(variant) else {}
+    fp8 = ({"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": min(128, variant["head_dim"])}
+           if kv_fp8(variant) else {})
     return {
         # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages)
         "rank": 3 if variant["layout"] != "dense" else 4,
@@ -225,7 +225,7 @@ def draws_tiles(variant: Variant) -> bool:
 
 
 def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
-    t = t or tile(variant["head_dim"], variant["block_n"])
+    t = t or tile(variant["head_dim"], variant["block_n"], kv_fp8(variant))
     return LaunchFacts(
         block=(t.threads, 1, 1),
         dynamic_smem=t.smem_bytes(variant["head_dim"], kv_fp8(variant)),

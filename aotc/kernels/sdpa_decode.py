@@ -85,12 +85,11 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..common.abi import has_grid_dependency_control
-from ..families.kv_dtype import FP8
+from ..families.kv_dtype import FP8, e4m3_row_bytes
 from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
                                     launch_facts, variant_tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
-from .fp8 import (e4m3_columns_to_f16x2x2, e4m3x4_to_f16x2x2, exponent_of, fp8_column, fragment_words,
-                  pow2)
+from .fp8 import gemm_pv_e4m3, gemm_qk_e4m3, o_column, rewrite_q_f16
 from .tile_scheduler import KvChunks
 from .mask import mask_columns, mask_columns_between
 from .softmax import (LN_2, LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, quad_allreduce, rescale_rows, softcap_row,
@@ -137,14 +136,18 @@ class SdpaDecode:
         # takes five), P in fp16, Q rewritten in smem as fp16 times 2^-s, s per CTA from its rows' largest |q|
         # (so any bf16 query fits fp16's range), 2^s joining the softmax scale. The ring holds e4m3 tiles seen
         # as 16-bit pairs (KV_COLS = D/2 "elements" a row, the 16-bit tiles' swizzle), which ldmatrix loads as
-        # it loads 16-bit tiles; each register's 4 bytes are converted in registers (fp8_k_fragments,
-        # fp8_v_fragments), so no converted tile is stored
+        # it loads 16-bit tiles; each register's 4 bytes are converted in registers (aotc.kernels.fp8's
+        # gemm_qk_e4m3, gemm_pv_e4m3: shared with sdpa_prefill's paged layouts), so no converted tile is stored
         self.MMA_DTYPE = cutlass.Float16 if KV8 else dtype
         self.KV_COLS = D // 2 if KV8 else D
+        # a tile row's pitch: fp8 D64's rows of 32 pairs (64 bytes) sit in the first half of a 64-column swizzle
+        # atom (128 bytes): ldmatrix reads them as a (keys, 32) view of the atom, the other half is never read
+        self.KV_PITCH = e4m3_row_bytes(D) // 2 if KV8 else D
+        self.KV_PAD = self.KV_COLS < self.KV_PITCH
         self.KW = KW = t.keys_per_warp
         self.BN = BN = t.block_n
         self.SLOTS = SLOTS = t.slots
-        self.TILE = BN * D // 2 if variant.get("kv_dtype") == FP8 else BN * D  # 16-bit elements of a K or V tile
+        self.TILE = BN * self.KV_PITCH              # 16-bit elements of a K or V tile (fp8: pairs of e4m3 bytes)
         self.ROW_ITERS = BN // 16                # rows a thread copies per tile
         self.N_CHUNKS = D // ATOM_COLS           # 64-column chunks of D (O accumulators, V^T fragments)
         self.PAGED = PAGED = page > 0
@@ -163,7 +166,7 @@ class SdpaDecode:
         self.MERGE_ROWS = _THREADS // self.MERGE_TPR  # rows merged at a time (D 256: 2 rows of 64 threads)
         smem = t.smem_bytes(D)
         if (SLOTS < 2 or KW % 16 or D % ATOM_COLS or BN % 16 or (_ROWS * D // VEC) % _THREADS
-                or self.KV_COLS % ATOM_COLS  # fp8: rows of whole 128-byte swizzle atoms (D >= 128)
+                or (self.KV_COLS % ATOM_COLS and self.KV_COLS != ATOM_COLS // 2)  # fp8: whole or half swizzle atoms
                 or (PAGED and (page & (page - 1) or page % 16))  # row-iteration j lies in page 16j // P
                 or smem > t.smem_limit):
             raise ValueError(f"unsupported tile {t} for head_dim {D}, page {page} ({smem} bytes of smem)")
@@ -235,7 +238,7 @@ class SdpaDecode:
         """copy_row of a K/V row at byte offset off_bytes from base_bytes (a Uint8 pointer): byte offsets
         let the page term be one wide multiply-add into the address (kv_thread_bases)."""
         row = cute.recast_ptr(base_bytes + cute.assume(off_bytes, divby=16), dtype=self.MMA_DTYPE)
-        self.copy_row(g2s, thr, row, Int64(0), dst, self.KV_COLS)
+        self.copy_row(g2s, thr, row, Int64(0), dst, self.KV_PITCH)
 
     @cute.jit
     def load_pages(self, ctx, m):
@@ -278,7 +281,7 @@ class SdpaDecode:
             thr = g2s.get_slice(tid)
             ring_off = cute.assume(slot * self.TILE, divby=512)
             sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
-            tXs = thr.partition_D(sT)  # (CPY, BN/16, KV_COLS/64)
+            tXs = thr.partition_D(sT)  # (CPY, BN/16, KV_PITCH/64)
             base = ctx.v_base if cutlass.const_expr(is_v) else ctx.k_base
             s_page, s_tok = ctx.v_strides if cutlass.const_expr(is_v) else ctx.k_strides
             t0 = ctx.lo + m * self.BN
@@ -289,7 +292,17 @@ class SdpaDecode:
                 tile_off = Int64(t0 & (self.page - 1)) * s_tok
             tok0 = t0 + (tid >> 3)
             pgs = [ctx.pg[i] for i in range(self.N_PG)] if cutlass.const_expr(self.PAGED) else []
-            if t0 + self.BN <= ctx.hi:  # a whole block (all but a chunk's last): no row checks, no zero rows
+            if cutlass.const_expr(self.KV_PAD):
+                # fp8 D64: the threads of a row's first KV_COLS / 8 chunks copy it (the others would read past
+                # the row); the atom's other half is never read
+                in_row = (tid & 7) * VEC < self.KV_COLS
+                for j in cutlass.range_constexpr(self.ROW_ITERS):
+                    if in_row and tok0 + 16 * j < ctx.hi:
+                        self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
+                                         tXs[None, j, None])
+                    else:
+                        tXs[None, j, None].fill(0)
+            elif t0 + self.BN <= ctx.hi:  # a whole block (all but a chunk's last): no row checks, no zero rows
                 for j in cutlass.range_constexpr(self.ROW_ITERS):
                     self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
                                      tXs[None, j, None])
@@ -319,40 +332,11 @@ class SdpaDecode:
 
     @cute.jit
     def q_to_f16(self, ctx, tid):
-        """fp8 KV: rewrite the Q tile in smem as fp16 times 2^-s, s = floor(log2(max |q|)) - 13 over the CTA's
-        rows (the largest scaled |q| in [2^13, 2^14): fp16 holds every bf16 query to its full precision but for
-        values 2^27 below the largest); returns 2^s, which the softmax scale takes. Each thread rewrites the Q
-        chunks it copied (landed: the caller waited for tile 0's group, which Q joins), each value at column
-        fp8_column(d) of its 16 (the order in which fp8_k_fragments hands the MMA K's bytes); the block-wide
-        max goes through the ring's last slot, which step 0 fills only after two more barriers."""
-        thr = ctx.g2s.get_slice(tid)
-        src = thr.partition_D(cute.make_tensor(ctx.sQ_ptr, ctx.q_layout))[None, 0, None]
-        x = cute.make_rmem_tensor(src.shape, self.dtype)
-        cute.autovec_copy(src, x)
-        xf = cute.make_rmem_tensor(src.shape, Float32)
-        xf.store(x.load().to(Float32))
-        m = Float32(0.0)
-        for i in cutlass.range_constexpr(cute.size(xf)):
-            m = cute.arch.fmax(m, cute.arch.fmax(xf[i], -xf[i]))
-        for off in (16, 8, 4, 2, 1):
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=off, mask=-1, mask_and_clamp=31))
+        """fp8 KV: rewrite the Q tile in smem as fp16 times 2^-s (aotc.kernels.fp8.rewrite_q_f16), returning 2^s;
+        the block-wide max goes through the ring's last slot, which step 0 fills only after two more barriers."""
         red = cute.recast_ptr(ctx.ring_ptr + (self.SLOTS - 1) * self.TILE, dtype=Float32)
-        if tid & 31 == 0:
-            red[tid >> 5] = m
-        cute.arch.barrier()
-        for w in cutlass.range_constexpr(_WARPS):
-            m = cute.arch.fmax(m, red[w])
-        e = cutlass.max(cutlass.min(exponent_of(m) - 13, Int32(120)), Int32(-120))  # (m = 0: -120)
-        xf.store(xf.load() * pow2(-e))
-        h = cute.make_rmem_tensor(src.shape, cutlass.Float16)
-        h.store(xf.load().to(cutlass.Float16))
-        cute.arch.barrier()  # every thread has read its Q (and the maxima) before any is rewritten
-        coords = thr.partition_D(cute.make_identity_tensor((_ROWS, self.D)))[None, 0, None]
-        sQ16 = cute.make_tensor(ctx.sQ_mma, ctx.q_layout)
-        for i in cutlass.range_constexpr(cute.size(h)):
-            r, d = coords[i]
-            sQ16[r, (d & ~15) | fp8_column(d & 15)] = h[i]
-        return pow2(e)
+        return rewrite_q_f16(ctx.g2s.get_slice(tid), cute.make_tensor(ctx.sQ_ptr, ctx.q_layout),
+                             cute.make_tensor(ctx.sQ_mma, ctx.q_layout), self.dtype, red, _WARPS, tid)
 
     @cute.jit
     def issue(self, ctx, tid, t_issue, m, is_v: cutlass.Constexpr):
@@ -407,43 +391,15 @@ class SdpaDecode:
         thr_mma = mma.get_slice(lane)
         s2r_Q = ctx.s2r_Q.get_slice(lane)
         s2r_K = ctx.s2r_K.get_slice(lane)
-        tSsQ = s2r_Q.partition_S(sQ)
-        tSsK = s2r_K.partition_S(sK)
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tSrK_v = s2r_K.retile(tSrK)
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((_ROWS, self.KW)), Float32)
         acc_S.fill(0.0)
         if cutlass.const_expr(self.KV8):
-            # K's e4m3 pairs come in by ldmatrix, a 32-byte slice of D at a time, each slice two k16 steps of fp16
-            # fragments once converted
-            # Q's fp16 fragments (q_to_f16) come in by ldmatrix a k16 step before its MMAs: held across the kv
-            # loop they kept the kernel at 161 registers, 3 CTAs an SM
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrQ_v = s2r_Q.retile(tSrQ)
-            tSrK16 = cute.make_rmem_tensor(thr_mma.partition_shape_B((self.KW, self.D)), self.MMA_DTYPE)  # fp16 K
-            # the loaded pairs in a compact column-major fragment, so word w is (v1, n-tile, k-step) in order:
-            # make_fragment_B follows the smem strides (D256's two swizzle atoms made its k-steps 4, 8, 1, 2, ...)
-            tSrK = cute.make_rmem_tensor(tSrK.shape, self.MMA_DTYPE)
-            tSrK_v = s2r_K.retile(tSrK)
-            loaded, real = fragment_words(tSrK), fragment_words(tSrK16)
-            n_t = cute.size(tSrK.shape[1])
-            n_k = cute.size(tSsK.shape[2])
-            cute.copy(s2r_K, tSsK[None, None, 0], tSrK_v[None, None, 0])
-            for kk in cutlass.range_constexpr(n_k):
-                if cutlass.const_expr(kk + 1 < n_k):
-                    cute.copy(s2r_K, tSsK[None, None, kk + 1], tSrK_v[None, None, kk + 1])
-                # word (v1, n-tile, k-step) = v1 + 2 n + 4 k (aotc.kernels.fp8): a 32-byte slice kk of the
-                # loaded pairs is the k16 steps 2kk (its v1 = 0 words) and 2kk + 1 (v1 = 1) of the MMA's K
-                for nt in cutlass.range_constexpr(n_t):
-                    for j in cutlass.range_constexpr(2):
-                        lo, hi = e4m3x4_to_f16x2x2(loaded[j + 2 * nt + 2 * n_t * kk])
-                        real[2 * nt + 2 * n_t * (2 * kk + j)] = lo
-                        real[1 + 2 * nt + 2 * n_t * (2 * kk + j)] = hi
-                for j in cutlass.range_constexpr(2):
-                    cute.copy(s2r_Q, tSsQ[None, None, 2 * kk + j], tSrQ_v[None, None, 2 * kk + j])
-                for j in cutlass.range_constexpr(2):
-                    cute.gemm(mma, acc_S, tSrQ[None, None, 2 * kk + j], tSrK16[None, None, 2 * kk + j], acc_S)
+            gemm_qk_e4m3(mma, thr_mma, s2r_Q, s2r_K, sQ, sK, acc_S, self.D)
         else:
+            tSsQ = s2r_Q.partition_S(sQ)
+            tSsK = s2r_K.partition_S(sK)
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+            tSrK_v = s2r_K.retile(tSrK)
             tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
             tSrQ_v = s2r_Q.retile(tSrQ)
             gemm_ldmatrix(mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
@@ -524,7 +480,7 @@ class SdpaDecode:
         tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
         n_kk = cute.size(tOrP.shape[2])
         if cutlass.const_expr(self.KV8):
-            self.fp8_pv(ctx, thr_mma, s2r_V, sV, tOrP, n_kk)
+            gemm_pv_e4m3(ctx.mma, thr_mma, s2r_V, sV, tOrP, ctx.acc_O)
         else:
             self.pv(ctx, thr_mma, s2r_V, sV, tOrP, n_kk)
 
@@ -555,32 +511,6 @@ class SdpaDecode:
             cute.gemm(mma, acc, tOrP[None, None, kk], frags[h][None, None, kk], acc)
 
     @cute.jit
-    def fp8_pv(self, ctx, thr_mma, s2r_V, sV, tOrP, n_kk):
-        """O += P V over e4m3 V seen as 16-bit pairs: ldmatrix.trans brings (key, 2 d's) pairs of the whole
-        (KW, KV_COLS) tile at once (a view at a column offset inside a swizzle atom, not a multiple of 512
-        elements, would read other rows: smem_tile_layout), and each word becomes the B words of two n-tiles
-        (aotc.kernels.fp8): O's n-tile t of 64-column chunk h holds d = 64h + 16 (t // 2) + 2 g + t % 2
-        (the epilogue puts them back in order)."""
-        mma = ctx.mma
-        sVt = cute.composition(sV, cute.make_layout((self.KV_COLS, self.KW), stride=(self.KW, 1)))  # (pairs, keys)
-        # ((2, 2), KV_COLS / 8, KW / 16), compact column-major (as K's loaded pairs in k_step)
-        pairs = cute.make_rmem_tensor(thr_mma.make_fragment_B(thr_mma.partition_B(sVt)).shape, self.MMA_DTYPE)
-        cute.copy(s2r_V, s2r_V.partition_S(sVt), s2r_V.retile(pairs))
-        loaded = fragment_words(pairs)
-        n_all = cute.size(pairs.shape[1])   # n-tiles of 8 pairs in the tile
-        n_u = n_all // self.N_CHUNKS        # of them per 64 columns of D
-        for h in cutlass.range_constexpr(self.N_CHUNKS):
-            frag = cute.make_rmem_tensor(thr_mma.partition_shape_B((ATOM_COLS, self.KW)), self.MMA_DTYPE)  # V^T
-            real = fragment_words(frag)
-            for kk in cutlass.range_constexpr(n_kk):
-                for u in cutlass.range_constexpr(n_u):
-                    for v1 in cutlass.range_constexpr(2):
-                        even, odd = e4m3_columns_to_f16x2x2(loaded[v1 + 2 * (h * n_u + u) + 2 * n_all * kk])
-                        real[v1 + 2 * (2 * u) + 4 * n_u * kk] = even
-                        real[v1 + 2 * (2 * u + 1) + 4 * n_u * kk] = odd
-                cute.gemm(mma, ctx.acc_O[h], tOrP[None, None, kk], frag[None, None, kk], ctx.acc_O[h])
-
-    @cute.jit
     def epilogue(self, ctx):
         """Merge the 4 warps' (max, sum, O) through smem; write O / LSE or the partials."""
         tid = opaque_i32(ctx.tidx) & (_THREADS - 1)
@@ -606,11 +536,11 @@ class SdpaDecode:
         for h in cutlass.range_constexpr(self.N_CHUNKS):
             sAcc = cute.make_tensor(acc_base + h * ATOM_COLS,
                                     cute.make_layout((_ROWS, ATOM_COLS), stride=(self.ACC_LD, 1)))
-            if cutlass.const_expr(self.KV8):  # O's columns in the fp8 order (fp8_pv), back in order of d
+            if cutlass.const_expr(self.KV8):  # O's columns in the fp8 order (gemm_pv_e4m3), back in order of d
                 coords = thr_mma.partition_C(cute.make_identity_tensor((_ROWS, ATOM_COLS)))
                 for i in cutlass.range_constexpr(cute.size(coords)):
                     r, c = coords[i]
-                    sAcc[r, ((c >> 4) << 4) + ((c & 7) << 1) + ((c >> 3) & 1)] = ctx.acc_O[h][i]
+                    sAcc[r, o_column(c)] = ctx.acc_O[h][i]
             else:
                 cute.autovec_copy(ctx.acc_O[h], thr_mma.partition_C(sAcc))
         cute.arch.barrier()
@@ -863,7 +793,7 @@ class SdpaDecode:
         ldsm, ldsm_t = ldmatrix_atoms(self.MMA_DTYPE)
         sQ_ptr = storage.sQ.data_ptr()
         ring_ptr = storage.sKV.data_ptr()
-        tile_layout = smem_tile_layout(self.BN, self.KV_COLS)
+        tile_layout = smem_tile_layout(self.BN, self.KV_PITCH)
         if cutlass.const_expr(self.KV8):  # e4m3 pools read as 16-bit pairs (offsets halved in load_tile)
             k = cute.recast_ptr(k, dtype=cutlass.Float16)
             v = cute.recast_ptr(v, dtype=cutlass.Float16)

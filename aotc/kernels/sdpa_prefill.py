@@ -60,9 +60,11 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import warp
 from cutlass.memory import SmemAllocator
 
+from ..families.kv_dtype import e4m3_row_bytes, kv_fp8
 from ..families.sdpa_prefill import (PAGED_PARAMS, PARAMS, TILES, Tile, block_pages, launch_facts, page_size, pass_source,
                                      smem_bytes)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
+from .fp8 import gemm_pv_e4m3, gemm_qk_e4m3, o_column, rewrite_q_f16
 from .mask import kv_block_range, kv_loop_segments, mask_row, score_limits
 from .seqlen import paged_seq_bounds, seq_bounds
 from .softmax import (LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, normalize_rows, rescale_rows, softcap_row, softmax_row,
@@ -118,25 +120,41 @@ class SdpaPrefill:
         # lazy O rescale (aotc.kernels.softmax.MAX_SLACK_LOG2) where a thread's O tile outnumbers its scores
         # (D > block_n: 4x for D128 and D256), +1-4% on the H200; D64 (equal tiles) lost 1-2% with it
         self.lazy_rescale = D > bn
+        # fp8 KV (paged): the K and V tiles hold e4m3 rows as 16-bit pairs (kv_cols = D/2 of them a row, the 16-bit
+        # tiles' swizzle), loaded by ldmatrix as 16-bit tiles are and converted in registers (aotc.kernels.fp8, as
+        # sdpa_decode does); the MMAs run in fp16, Q rewritten in fp16 times a power of two per tile
+        self.kv8 = kv8 = kv_fp8(variant)
+        if kv8 and not paged:
+            raise ValueError(f"{variant.name}: fp8 KV is for the paged layouts")
+        self.mma_dtype = cutlass.Float16 if kv8 else dtype
+        self.kv_cols = kv_cols = D // 2 if kv8 else D
+        # a tile row's pitch: fp8 D64's rows of 32 pairs (64 bytes) sit in the first half of a 64-column swizzle
+        # atom; ldmatrix reads a (bn, 32) view of the tile, the other half is never read
+        self.kv_pitch = kv_pitch = e4m3_row_bytes(D) // 2 if kv8 else D
+        self.kv_pad = kv_cols < kv_pitch
+        if kv_cols % ATOM_COLS and kv_cols != ATOM_COLS // 2:
+            raise ValueError(f"{variant.name}: fp8 KV rows of {kv_cols} 16-bit pairs are not whole or half swizzle atoms")
 
         @cute.struct
         class SharedStorage:
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, bm * D], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, bn * D], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bn * kv_pitch], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.mma_dtype, bn * kv_pitch], 1024]
 
         self.smem_size = SharedStorage.size_in_bytes()
-        if self.smem_size != smem_bytes(D, self.tile):
-            raise RuntimeError(f"shared storage is {self.smem_size} bytes, smem_bytes() says {smem_bytes(D, self.tile)}")
+        want = smem_bytes(D, self.tile, kv8)
+        if self.smem_size != want:
+            raise RuntimeError(f"shared storage is {self.smem_size} bytes, smem_bytes() says {want}")
         self.SharedStorage = SharedStorage
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
 
     def pointee_types(self) -> dict:
-        return {"q": self.dtype, "k": self.dtype, "v": self.dtype, "o": self.dtype, "lse": Float32,
+        kv = cutlass.Uint8 if self.kv8 else self.dtype
+        return {"q": self.dtype, "k": kv, "v": kv, "o": self.dtype, "lse": Float32,
                 "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "seqlens_kv": Int32, "page_table": Int32,
-                "sinks": Float32}
+                "sinks": Float32, "k_descale": Float32, "v_descale": Float32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -161,10 +179,10 @@ class SdpaPrefill:
         0's row r, a multiple of pass_rows) lies in one page, the block's (row // P)-th (P < bn) or the one
         the block lies in (P >= bn), whose id is read once per page; a pass's rows at or past S_kv
         (predicated) and the rows of a page id outside [0, pages) are zero-filled in smem, never read."""
-        thr = ctx.g2s.get_slice(tid)
-        tXsX = thr.partition_D(sX)  # (CPY, passes, D/64)
-        cKV = cute.make_identity_tensor((self.bn, self.D))
-        t0XcX = ctx.g2s.get_slice(0).partition_S(cKV)  # compile-time row offsets
+        thr = ctx.g2s_kv.get_slice(tid)
+        tXsX = thr.partition_D(sX)  # (CPY, passes, kv_pitch/64)
+        cKV = cute.make_identity_tensor((self.bn, self.kv_pitch))
+        t0XcX = ctx.g2s_kv.get_slice(0).partition_S(cKV)  # compile-time row offsets
         t0 = n * self.bn  # the block's first token
         lim = ctx.s_kv - t0 - thr.partition_S(cKV)[0][0]
         pt = ctx.paged
@@ -181,29 +199,37 @@ class SdpaPrefill:
         slot0 = Int32(0)
         if cutlass.const_expr(self.page > self.bn):
             slot0 = t0 & (self.page - 1)
+        if cutlass.const_expr(self.kv_pad):
+            # fp8 D64: the threads of a row's first kv_cols / 8 chunks copy it (the others would read past the row)
+            in_row = (tid & 7) * VEC < self.kv_cols
         for r in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             row = t0XcX[0, r, 0][0]  # the pass's first row in the block (compile time)
             j, pass_slot = pass_source(row, self.page, self.bn)
             slot = slot0 + pass_slot
             pg = pgs[j]
             # one unsigned compare: a page id outside [0, pages) is never dereferenced
-            if cutlass.const_expr(predicated):
+            if cutlass.const_expr(self.kv_pad):
+                if in_row and cutlass.Uint32(pg) < cutlass.Uint32(pt.pages) and row < lim:
+                    self.copy_page_rows(ctx.g2s_kv, thr, src, pg, slot, tXsX[None, r, None])
+                else:
+                    tXsX[None, r, None].fill(0)
+            elif cutlass.const_expr(predicated):
                 if cutlass.Uint32(pg) < cutlass.Uint32(pt.pages) and row < lim:
-                    self.copy_page_rows(ctx.g2s, thr, src, pg, slot, tXsX[None, r, None])
+                    self.copy_page_rows(ctx.g2s_kv, thr, src, pg, slot, tXsX[None, r, None])
                 else:
                     tXsX[None, r, None].fill(0)
             else:
                 if cutlass.Uint32(pg) < cutlass.Uint32(pt.pages):
-                    self.copy_page_rows(ctx.g2s, thr, src, pg, slot, tXsX[None, r, None])
+                    self.copy_page_rows(ctx.g2s_kv, thr, src, pg, slot, tXsX[None, r, None])
                 else:
                     tXsX[None, r, None].fill(0)
 
     @cute.jit
     def copy_page_rows(self, g2s, thr, src, pg, slot, dst):
-        """cp.async this thread's part of pass_rows rows of page pg from slot `slot` on into dst (CPY, D/64)."""
+        """cp.async this thread's part of pass_rows rows of page pg from slot `slot` on into dst (CPY, kv_cols/64)."""
         off = Int64(pg) * src.s_page + Int64(slot) * src.s_tok
         rows = cute.make_tensor(src.base + cute.assume(off, divby=VEC),
-                                cute.make_layout((self.pass_rows, self.D), stride=(src.s_tok, 1)))
+                                cute.make_layout((self.pass_rows, self.kv_pitch), stride=(src.s_tok, 1)))
         cute.copy(g2s, thr.partition_S(rows)[None, 0, None], dst)
 
     @cute.jit
@@ -250,25 +276,30 @@ class SdpaPrefill:
         # smem views from an opaque zero offset, so that (base + constant) ldmatrix addresses
         # are not hoisted out of the loop either: the constants stay instruction immediates
         zero = cute.assume(opaque_i32(Int32(0)), divby=1024)
-        sQ = cute.make_tensor(ctx.sQ.iterator + zero, ctx.sQ.layout)
-        sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)
+        sQ_ = ctx.sQ16 if cutlass.const_expr(self.kv8) else ctx.sQ  # fp8 KV: Q rewritten in fp16 (attend)
+        sQ = cute.make_tensor(sQ_.iterator + zero, sQ_.layout)
+        sK = cute.make_tensor(ctx.sK.iterator + zero, ctx.sK.layout)  # fp8 KV: (bn, kv_cols) e4m3 pairs
         sV = cute.make_tensor(ctx.sV.iterator + zero, ctx.sV.layout)
-        sVt = cute.composition(sV, cute.make_layout((self.D, self.bn), stride=(self.bn, 1)))  # V^T (D, bn)
+        if cutlass.const_expr(self.kv_pad):  # fp8 D64: the first half of each row's atom
+            sK = cute.local_tile(sK, (self.bn, self.kv_cols), (0, 0))
+            sV = cute.local_tile(sV, (self.bn, self.kv_cols), (0, 0))
 
         tiled_mma = ctx.tiled_mma
         thr_mma = tiled_mma.get_slice(tid)
         s2r_Q = ctx.s2r_Q.get_slice(tid)
         s2r_K = ctx.s2r_K.get_slice(tid)
         s2r_V = ctx.s2r_V.get_slice(tid)
-        tSsQ = s2r_Q.partition_S(sQ)
-        tSsK = s2r_K.partition_S(sK)
-        tOsVt = s2r_V.partition_S(sVt)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-        tSrQ_v = s2r_Q.retile(tSrQ)
-        tSrK_v = s2r_K.retile(tSrK)
-        tOrVt_v = s2r_V.retile(tOrVt)
+        if cutlass.const_expr(not self.kv8):
+            sVt = cute.composition(sV, cute.make_layout((self.D, self.bn), stride=(self.bn, 1)))  # V^T (D, bn)
+            tSsQ = s2r_Q.partition_S(sQ)
+            tSsK = s2r_K.partition_S(sK)
+            tOsVt = s2r_V.partition_S(sVt)
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+            tSrQ_v = s2r_Q.retile(tSrQ)
+            tSrK_v = s2r_K.retile(tSrK)
+            tOrVt_v = s2r_V.retile(tOrVt)
         acc_O = ctx.acc_O
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.bm, self.bn)), Float32)
         acc_S.fill(0.0)
@@ -280,7 +311,10 @@ class SdpaPrefill:
         cute.arch.cp_async_commit_group()
 
         # S = Q K^T; the next k-slice's fragments are loaded while the current one multiplies
-        gemm_ldmatrix(tiled_mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
+        if cutlass.const_expr(self.kv8):
+            gemm_qk_e4m3(tiled_mma, thr_mma, s2r_Q, s2r_K, sQ, sK, acc_S, self.D)
+        else:
+            gemm_ldmatrix(tiled_mma, acc_S, s2r_Q, tSsQ, tSrQ_v, tSrQ, s2r_K, tSsK, tSrK_v, tSrK)
 
         # V[n] landed; every warp is done with K[n]: prefetch K[n-1] (entirely in bounds), unless n is the
         # loop's last block (n_min: 0, or the first block of the window)
@@ -322,31 +356,35 @@ class SdpaPrefill:
                 rescale_rows(O_mn, alpha)
 
         # O += P V; P converted in registers and viewed as the A operand
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
+        rP = cute.make_rmem_tensor_like(acc_S, self.mma_dtype)
+        rP.store(acc_S.load().to(self.mma_dtype))
         tOrP = cute.make_tensor(rP.iterator, acc_to_a_operand(rP.layout))
         # in 64-column chunks of D (one smem atom of V): only one chunk's V fragments (and the
         # next prefetched ones) are live at a time
         n_chunks = self.D // ATOM_COLS
-        steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
         acc_O_c = _chunked_n(acc_O)
+        if cutlass.const_expr(self.kv8):  # O's columns in the fp8 order (o_column), put back by the epilogue
+            gemm_pv_e4m3(tiled_mma, thr_mma, s2r_V, sV, tOrP,
+                         [acc_O] if n_chunks == 1 else [acc_O_c[None, None, (None, h)] for h in range(n_chunks)])
+        else:
+            steps = [(h, kk) for h in range(n_chunks) for kk in range(cute.size(tOrP.shape[2]))]
 
-        def v_copy(h, kk):
-            if cutlass.const_expr(n_chunks == 1):
-                cute.copy(s2r_V, tOsVt[None, None, kk], tOrVt_v[None, None, kk])
-            else:
-                cute.copy(s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
+            def v_copy(h, kk):
+                if cutlass.const_expr(n_chunks == 1):
+                    cute.copy(s2r_V, tOsVt[None, None, kk], tOrVt_v[None, None, kk])
+                else:
+                    cute.copy(s2r_V, tOsVt[None, (None, h), kk], tOrVt_v[None, (None, h), kk])
 
-        v_copy(*steps[0])
-        for i in cutlass.range_constexpr(len(steps)):
-            h, kk = steps[i]
-            if cutlass.const_expr(i + 1 < len(steps)):
-                v_copy(*steps[i + 1])
-            if cutlass.const_expr(n_chunks == 1):
-                cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrVt[None, None, kk], acc_O)
-            else:
-                acc_h = acc_O_c[None, None, (None, h)]
-                cute.gemm(tiled_mma, acc_h, tOrP[None, None, kk], tOrVt[None, (None, h), kk], acc_h)
+            v_copy(*steps[0])
+            for i in cutlass.range_constexpr(len(steps)):
+                h, kk = steps[i]
+                if cutlass.const_expr(i + 1 < len(steps)):
+                    v_copy(*steps[i + 1])
+                if cutlass.const_expr(n_chunks == 1):
+                    cute.gemm(tiled_mma, acc_O, tOrP[None, None, kk], tOrVt[None, None, kk], acc_O)
+                else:
+                    acc_h = acc_O_c[None, None, (None, h)]
+                    cute.gemm(tiled_mma, acc_h, tOrP[None, None, kk], tOrVt[None, (None, h), kk], acc_h)
 
     @cute.jit
     def epilogue(self, ctx):
@@ -364,7 +402,8 @@ class SdpaPrefill:
         if cutlass.const_expr(self.sinks):  # every row of the tile is of one query head
             sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
             sink_log2.fill(ctx.sinks[ctx.head] * Float32(LOG2_E))
-        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
+        # (fp8 KV: O in units of V's scale, which the normalization takes)
+        normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2, ctx.v_scale)
 
         # every cp.async retired (the Q tile too when no kv block ran), every warp done with sQ
         cute.arch.cp_async_wait_group(0)
@@ -372,8 +411,14 @@ class SdpaPrefill:
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         sO = ctx.sQ
-        r2s = ctx.r2s.get_slice(tid)
-        cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+        if cutlass.const_expr(self.kv8):  # O's columns in the fp8 order (gemm_pv_e4m3), back in order of d
+            coords = thr_mma.partition_C(cute.make_identity_tensor((self.bm, self.D)))
+            for i in cutlass.range_constexpr(cute.size(rO)):
+                r, c = coords[i]
+                sO[r, o_column(c)] = rO[i]
+        else:
+            r2s = ctx.r2s.get_slice(tid)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
         cute.arch.barrier()
 
         s2g_thr = ctx.s2g.get_slice(tid)
@@ -412,13 +457,14 @@ class SdpaPrefill:
 
     @cute.jit
     def attend(self, tidx, m_block, head, s_q, s_kv, mQ, mO, gK, gV, paged, lse, lse_off, lse_ss, write_lse,
-               softmax_scale, softcap, sinks, window_left):
+               softmax_scale, softcap, sinks, window_left, v_scale=None):
         """One (block_m x D) tile of O for query head `head` of a sequence of s_q queries (mQ, mO: its (s_q, D)
         rows) and s_kv keys: gK, gV the (bn, D, n_blocks) tiles of a contiguous K/V (dense, ragged), or, paged,
-        the pools' row sources (load_paged_tile), `paged` the sequence's page-table row."""
+        the pools' row sources (load_paged_tile), `paged` the sequence's page-table row. fp8 KV: softmax_scale
+        has K's scale in it, v_scale is V's."""
         storage = SmemAllocator().allocate(self.SharedStorage)
-        tiled_mma = make_warp_mma(self.dtype, self.warps)
-        ldsm, ldsm_t = ldmatrix_atoms(self.dtype)
+        tiled_mma = make_warp_mma(self.mma_dtype, self.warps)
+        ldsm, ldsm_t = ldmatrix_atoms(self.mma_dtype)
         r2s_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=32)
         ctx = SimpleNamespace(
             tidx=Int32(tidx), m_block=m_block, s_q=s_q, s_kv=s_kv,
@@ -426,9 +472,12 @@ class SdpaPrefill:
             gO=cute.local_tile(mO, (self.bm, self.D), (m_block, 0)),
             gK=gK, gV=gV, paged=paged,
             sQ=storage.sQ.get_tensor(smem_tile_layout(self.bm, self.D)),
-            sK=storage.sK.get_tensor(smem_tile_layout(self.bn, self.D)),
-            sV=storage.sV.get_tensor(smem_tile_layout(self.bn, self.D)),
+            sQ16=cute.make_tensor(cute.recast_ptr(storage.sQ.data_ptr(), dtype=self.mma_dtype),
+                                  smem_tile_layout(self.bm, self.D)),  # fp8 KV: Q rewritten (rewrite_q_f16)
+            sK=storage.sK.get_tensor(smem_tile_layout(self.bn, self.kv_pitch)),
+            sV=storage.sV.get_tensor(smem_tile_layout(self.bn, self.kv_pitch)),
             g2s=make_g2s(self.dtype, self.threads),
+            g2s_kv=make_g2s(self.mma_dtype, self.threads),
             s2g=make_s2g(self.dtype, self.threads),
             tiled_mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
@@ -436,10 +485,11 @@ class SdpaPrefill:
             s2r_V=cute.make_tiled_copy_B(ldsm_t, tiled_mma),
             r2s=cute.make_tiled_copy_C(r2s_atom, tiled_mma),
             lse=lse, lse_off=lse_off, lse_ss=lse_ss, write_lse=write_lse,
-            head=head, sinks=sinks, window_left=window_left,
+            head=head, sinks=sinks, window_left=window_left, v_scale=v_scale,
         )
-        score = ScoreScale(softmax_scale, softcap, self.softcap)
-        ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
+        if cutlass.const_expr(not self.kv8):
+            score = ScoreScale(softmax_scale, softcap, self.softcap)
+            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         # fp32 O accumulator, running row max and per-thread partial row sum
         ctx.acc_O = cute.make_rmem_tensor(tiled_mma.partition_shape_C((self.bm, self.D)), Float32)
         ctx.acc_O.fill(0.0)
@@ -457,6 +507,17 @@ class SdpaPrefill:
         ctx.n_min = n_min
 
         self.prologue(ctx, n_max)
+        if cutlass.const_expr(self.kv8):
+            # Q (and the first K tile) landed: Q rewritten in fp16 times 2^-s, 2^s joining the softmax scale; the
+            # block-wide max goes through the V tile, whose first load comes after the next barrier
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            tid = opaque_i32(ctx.tidx) & (self.threads - 1)
+            q_scale = rewrite_q_f16(ctx.g2s.get_slice(tid), ctx.sQ, ctx.sQ16, self.dtype,
+                                    cute.recast_ptr(storage.sV.data_ptr(), dtype=Float32), self.warps, tid)
+            cute.arch.barrier()  # every thread's fp16 Q in smem before any warp loads its fragments
+            score = ScoreScale(softmax_scale * q_scale, softcap, self.softcap)
+            ctx.scale_log2, ctx.cap_in = score.scale_log2, score.cap_in
         # blocks n_max-1 .. n_mask_min with masks and predicated loads, then the plain ones, then (a window)
         # the masked blocks of its left edge
         for t in cutlass.range(n_right, unroll=1):
@@ -593,6 +654,7 @@ class SdpaPrefillPaged(SdpaPrefill):
         o_stride_s: Int64, o_stride_h: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         tidx, m_block, head, bidx = self.tile_coords()
         q_start, s_q, s_kv = paged_seq_bounds(bidx, cu_seqlens_q, seqlens_kv, max_pages, self.page)
@@ -602,6 +664,21 @@ class SdpaPrefillPaged(SdpaPrefill):
         # the bound holds; tiles past this sequence's queries do nothing), so no bound makes a row unwritten
         if m_block * self.bm < s_q and s_q >= min_seqlen_q:
             kv_head = head // (heads_q // heads_kv)
+            if cutlass.const_expr(self.kv8):
+                # e4m3 pools read as 16-bit pairs: strides (multiples of 16 bytes) halved; the KV head's scales:
+                # attention over k_fp8 * k_scale (the softmax scale takes it) and v_fp8 * v_scale (O takes it)
+                k_pairs = cute.recast_ptr(k, dtype=self.mma_dtype)
+                v_pairs = cute.recast_ptr(v, dtype=self.mma_dtype)
+                k_st = (k_stride_page // 2, k_stride_token // 2, k_stride_head // 2)
+                v_st = (v_stride_page // 2, v_stride_token // 2, v_stride_head // 2)
+                scale = softmax_scale * k_descale[Int64(kv_head) * Int64(descale_stride_h)]
+                v_scale = v_descale[Int64(kv_head) * Int64(descale_stride_h)]
+            else:
+                k_pairs, v_pairs = k, v
+                k_st = (k_stride_page, k_stride_token, k_stride_head)
+                v_st = (v_stride_page, v_stride_token, v_stride_head)
+                scale = softmax_scale
+                v_scale = None
             q_off = Int64(q_start) * q_stride_s + Int64(head) * q_stride_h
             o_off = Int64(q_start) * o_stride_s + Int64(head) * o_stride_h
             mQ = cute.make_tensor(q + cute.assume(q_off, divby=VEC),
@@ -609,17 +686,17 @@ class SdpaPrefillPaged(SdpaPrefill):
             mO = cute.make_tensor(o + cute.assume(o_off, divby=VEC),
                                   cute.make_layout((s_q, self.D), stride=(cute.assume(o_stride_s, divby=VEC), 1)))
             # K and V at this KV head, stepped by page and by token (load_paged_tile)
-            gK = SimpleNamespace(base=k + cute.assume(Int64(kv_head) * k_stride_head, divby=VEC),
-                                 s_page=cute.assume(k_stride_page, divby=VEC), s_tok=cute.assume(k_stride_token, divby=VEC))
-            gV = SimpleNamespace(base=v + cute.assume(Int64(kv_head) * v_stride_head, divby=VEC),
-                                 s_page=cute.assume(v_stride_page, divby=VEC), s_tok=cute.assume(v_stride_token, divby=VEC))
+            gK = SimpleNamespace(base=k_pairs + cute.assume(Int64(kv_head) * k_st[2], divby=VEC),
+                                 s_page=cute.assume(k_st[0], divby=VEC), s_tok=cute.assume(k_st[1], divby=VEC))
+            gV = SimpleNamespace(base=v_pairs + cute.assume(Int64(kv_head) * v_st[2], divby=VEC),
+                                 s_page=cute.assume(v_st[0], divby=VEC), s_tok=cute.assume(v_st[1], divby=VEC))
             paged = SimpleNamespace(row=page_table + Int64(bidx) * pt_stride_b, stride_p=pt_stride_p, pages=pages)
             lse_off = Int64(head) * lse_stride_h + Int64(q_start) * lse_stride_s
             n_m, _, _ = cute.arch.grid_dim()
             m_tiles = (s_q + (self.bm - 1)) // self.bm
             for m in cutlass.range(m_block, m_tiles, Int32(n_m), unroll=1):
                 self.attend(tidx, m, head, s_q, s_kv, mQ, mO, gK, gV, paged,
-                            lse, lse_off, lse_stride_s, write_lse, softmax_scale, softcap, sinks, window_left)
+                            lse, lse_off, lse_stride_s, write_lse, scale, softcap, sinks, window_left, v_scale)
                 # every warp done reading the epilogue's O from the Q buffer before the next tile's Q lands there
                 cute.arch.barrier()
 
@@ -637,6 +714,7 @@ class SdpaPrefillPaged(SdpaPrefill):
         o_stride_s: Int64, o_stride_h: Int64, lse_stride_h: Int64, lse_stride_s: Int64,
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
+        k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32,
     ):
         # The real launch is done by the aotc runtime (grid from the call's max_seqlen_q); this one only
         # makes the module well formed, with the same block and dynamic smem.
@@ -645,7 +723,7 @@ class SdpaPrefillPaged(SdpaPrefill):
             batch, heads_q, heads_kv, write_lse, pages, max_pages, min_seqlen_q, softmax_scale,
             q_stride_s, q_stride_h, k_stride_page, k_stride_token, k_stride_head,
             v_stride_page, v_stride_token, v_stride_head, o_stride_s, o_stride_h, lse_stride_h, lse_stride_s,
-            pt_stride_b, pt_stride_p, sinks, window_left, softcap,
+            pt_stride_b, pt_stride_p, sinks, window_left, softcap, k_descale, v_descale, descale_stride_h,
         ).launch(
             grid=[max_pages, heads_q, batch],
             block=[self.threads, 1, 1],

@@ -20,7 +20,8 @@ heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of 
 Ragged and paged calls take their tiles' pairs from the device-side lengths instead
 (tile_scheduler.RaggedTiles: unpaged_ragged_item, paged_item).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
-register file):
+register file, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224) over fp8 pools, whose
+tiles have two consumer warpgroups):
 
   warpgroup 0, producer (24 or 32 registers/thread after setmaxnreg): one elected thread issues the
       TMA loads of each tile: K of its first kv block, then Q (one 64-row box per consumer
@@ -115,7 +116,7 @@ class SdpaPrefillSm90:
         self.causal = causal = bool(variant["causal"])
         # score features (aotc.families.features): compiled in or not, their values are parameters
         self.window, self.softcap, self.sinks = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
-        self.tile = t = tile or family_tile(D, int(variant["block_n"]))
+        self.tile = t = tile or family_tile(D, int(variant["block_n"]), kv_fp8(variant))
         self.bm, self.bn, self.stages, self.pingpong = bm, bn, stages, _ = t.block_m, t.block_n, t.stages, t.pingpong
         self.chunks = D // TMA_BOX_COLS
         # fp8 KV (aotc.families.kv_dtype): TMA brings e4m3 pages into staging rings, the producer warpgroup's
@@ -143,8 +144,12 @@ class SdpaPrefillSm90:
         self.producer_regs, self.consumer_regs = (RAGGED_REGISTERS if self.ragged else REGISTERS)[n_wg]
         if self.fp8:  # registers for the conversion warps' CONVERT_UNROLL units in flight
             self.producer_regs, self.consumer_regs = FP8_REGISTERS
-            if D != 128:  # convert_block: an e4m3 row is one 128-byte swizzle atom row
-                raise ValueError(f"kv_dtype fp8_e4m3 needs head_dim 128, not {D}")
+            if D not in (64, 128):  # convert_block: an e4m3 row is one row of TMA's 64- or 128-byte swizzle
+                raise ValueError(f"kv_dtype fp8_e4m3 needs head_dim 64 or 128, not {D}")
+        # setmaxnreg's split must fit the register file, or the consumers' allocation would wait forever
+        if WARPGROUP * (self.producer_regs + n_wg * self.consumer_regs) > 65536:
+            raise ValueError(f"{variant.name}: registers {self.producer_regs} + {n_wg} x {self.consumer_regs} a "
+                             f"thread of {WARPGROUP}-thread warpgroups exceed the 64K register file (tile {t})")
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
@@ -327,7 +332,7 @@ class SdpaPrefillSm90:
     def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
         """K or V of kv block n from its pages (pg: page_id() of each lane), box j into rows
         [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues. fp8 KV: into the staging
-        ring, one box of whole e4m3 rows (D = 128 bytes, 128-byte swizzled) a page."""
+        ring, one box of whole e4m3 rows (D bytes, swizzled over a row's bytes) a page."""
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
@@ -389,8 +394,8 @@ class SdpaPrefillSm90:
     def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
         """fp8 KV, conversion warps (ctid 0 .. 95): K (or V) of ring position g from its e4m3 staging tile to the
         fp16 tile the GEMMs read (cvt.rn.f16x2.e4m3x2, exact), rows from valid_rows on (past the sequence's end:
-        stale pool slots, NaN included) as zeros. A staging row is D (128) bytes, 128-byte swizzled by TMA; a 16-byte
-        unit of it (16 values) becomes two 16-byte units of the 128-byte-swizzled K-major tile. Waits
+        stale pool slots, NaN included) as zeros. A staging row is D (128 or 64) bytes, swizzled by TMA over a row's
+        bytes; a 16-byte unit of it (16 values) becomes two 16-byte units of the 128-byte-swizzled K-major tile. Waits
         for the staging tile and for the consumers to free the fp16 stage; fences the writes for wgmma's async
         proxy, then each warp arrives on the stage's full barrier and on the staging tile's empty one."""
         bars = storage.bars.data_ptr()
@@ -407,15 +412,18 @@ class SdpaPrefillSm90:
         src32 = cute.recast_ptr(src_base, dtype=Int32)
         dst32 = cute.recast_ptr(dst_base, dtype=Int32)
         # Work: (row octet, 16-byte unit) pairs of the tile, one per 8-thread group, a row of the octet per thread.
-        # Both tiles are 128-byte swizzled (the staging tile by TMA: the unit u of row r at u ^ (r % 8)), so
-        # the 8 threads of a group, 8 rows apart in r % 8, load 8 different bank quads and store 8 different
-        # ones: every 16-byte shared access of a quarter warp in one wavefront (with unswizzled staging and a
-        # row per group, each store had two threads on the same banks: twice the wavefronts under ncu, and the fp8
-        # chunk 1.14x slower, benchmarks/results/paged_varlen_experiment_fp8_convert.json)
+        # Both tiles are swizzled (the staging tile by TMA: the unit u of row r at u ^ (r % 8) in 128-byte rows,
+        # u ^ ((r // 2) % 4) in D64's 64-byte ones), so at D128 the 8 threads of a group, 8 rows apart in r % 8,
+        # load 8 different bank quads and store 8 different ones: every 16-byte shared access of a quarter warp in
+        # one wavefront (with unswizzled staging and a row per group, each store had two threads on the same banks:
+        # twice the wavefronts under ncu, and the fp8 chunk 1.14x slower,
+        # benchmarks/results/paged_varlen_experiment_fp8_convert.json)
         lane8 = ctid & 7
         group = ctid >> 3
         groups = self.CONVERT_WARPS * 4
-        row_units = self.D // 16  # 8: one swizzle atom row (D128, FP8_TILES)
+        row_units = self.D // 16  # a staging row's 16-byte units: 8 (D128) or 4 (D64)
+        log2_units = row_units.bit_length() - 1
+        src_xor = lane8 if row_units == 8 else (lane8 >> 1) & 3  # the staging swizzle of rows r % 8 = lane8
         pairs = (self.bn // 8) * row_units
         src_stage = stage * (self.bn * self.D // 4)  # Int32 words
         dst_stage = stage * (self.bn * self.D * 2 // 4)
@@ -425,13 +433,13 @@ class SdpaPrefillSm90:
         for p0 in cutlass.range(group, pairs, groups * self.CONVERT_UNROLL, unroll=1):
             for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
                 p = cutlass.min(p0 + j * groups, pairs - 1)  # (past the tile: a pair's load again, not stored)
-                r = ((p >> 3) << 3) + lane8
-                src = src_stage + r * (self.D // 4) + (((p & 7) ^ lane8) << 2)
+                r = ((p >> log2_units) << 3) + lane8
+                src = src_stage + r * (self.D // 4) + (((p & (row_units - 1)) ^ src_xor) << 2)
                 words[None, j].store(cute.make_tensor(src32 + cute.assume(src, divby=4), cute.make_layout(4)).load())
             for j in cutlass.range_constexpr(self.CONVERT_UNROLL):
                 p = p0 + j * groups
-                unit = p & 7
-                r = ((p >> 3) << 3) + lane8
+                unit = p & (row_units - 1)
+                r = ((p >> log2_units) << 3) + lane8
                 if r >= valid_rows:  # e4m3 zeros convert to fp16 zeros
                     for w in cutlass.range_constexpr(4):
                         words[w, j] = Int32(0)

@@ -132,17 +132,19 @@ def rescale_rows(O_mn, alpha):
 
 
 @cute.jit
-def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r, sink_log2=None):
+def normalize_rows(O_mn, row_max, row_sum, scale_log2, lse_r, sink_log2=None, o_scale=None):
     """End of the kv loop: O /= row sum (over the quad) and lse_r = natural-log LSE per row; a row
     that saw no key keeps O = 0 (its accumulator is 0) and gets LSE = -inf. sink_log2 (sinks: a tensor of
     each row's sink logit times log2(e)) joins every row's denominator and LSE (a row that saw no key then
-    gets LSE = its sink)."""
+    gets LSE = its sink). o_scale (fp8 KV: V's scale) multiplies O, not the LSE."""
     for r in cutlass.range_constexpr(cute.size(row_max)):
         total = quad_allreduce(row_sum[r], lambda a, b_: a + b_)
         m_log2 = row_max[r] * scale_log2
         factor = Float32(1.0)
         if cutlass.const_expr(sink_log2 is not None):
             m_log2, total, factor = with_sink(m_log2, total, sink_log2[r])
+        if cutlass.const_expr(o_scale is not None):
+            factor = factor * o_scale
         inv = Float32(1.0)
         lse_r[r] = Float32(NEG_INF)
         if total > Float32(0.0):

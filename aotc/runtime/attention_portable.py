@@ -30,11 +30,9 @@ def served_pages(runtime, device: int, family: str) -> list[int]:
 
 
 def portable_fields(wanted: dict) -> list[dict]:
-    """The portable kernel's candidates for the call's fields: general strides (paged has no packed form). It
-    reads 16-bit caches only (the family has no kv_dtype field): an fp8 cache has no candidate."""
-    if wanted.get("kv_dtype", wanted["dtype"]) != wanted["dtype"]:
-        return []
-    return [{**{f: x for f, x in wanted.items() if f != "kv_dtype"}, "strides": "general"}]
+    """The portable kernel's candidates for the call's fields (the cache's kv_dtype among them: 16-bit, or fp8
+    e4m3): general strides (paged has no packed form)."""
+    return [{**wanted, "strides": "general"}]
 
 
 def prefill_family(runtime, device: int, q, k, kv_layout, causal: bool, window_left, softcap, sinks) -> str:

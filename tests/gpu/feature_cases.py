@@ -40,12 +40,12 @@ def combo_of(variant) -> tuple[str, ...]:
 
 
 def feature_variants(rt, family: str, key_fields: tuple[str, ...]) -> list[tuple]:
-    """The distinct (key fields..., combo) of the loaded kernels of `family` that carry at least one feature
-    (other fields, e.g. block_n or strides, are the runtime's choice)."""
+    """The distinct (key fields..., combo) of the loaded kernels of `family` over 16-bit caches that carry at least
+    one feature (other fields, e.g. block_n or strides, are the runtime's choice; fp8 caches: test_fp8_kv.py)."""
     found = set()
     for k in rt.kernels.get(family, []):
         combo = combo_of(k.variant)
-        if combo:
+        if combo and k.variant.get("kv_dtype", k.variant["dtype"]) == k.variant["dtype"]:
             found.add(tuple(k.variant.get(f) for f in key_fields) + (combo,))
     return sorted(found, key=repr)
 

@@ -23,8 +23,10 @@ LSE_TOL = (2e-3, 2e-3)
 
 
 def prefill_variants(rt, family):
+    """(dtype, head_dim, causal, layout) of the family's dense and ragged kernels (rt.prefill's; the paged layouts
+    are Runtime.attention's: test_attention*.py)."""
     return sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["causal"], k.variant["layout"])
-                   for k in rt.kernels.get(family, [])})
+                   for k in rt.kernels.get(family, []) if k.variant["layout"] in ("dense", "ragged")})
 
 
 def ref_attention(q, k, v, causal, scale):

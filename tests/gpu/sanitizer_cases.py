@@ -49,10 +49,11 @@ def combine_cases():
 
 
 def prefill_cases(family, rt=rt, picks=None):
-    """Edge shapes through one prefill family (forced, so the portable one runs on sm_90 too)."""
+    """Edge shapes through one prefill family (forced, so the portable one runs on sm_90 too): its dense and
+    ragged kernels (the paged ones are attention_cases')."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], k.variant["layout"], k.variant["causal"])
-                       for k in rt.kernels.get(family, [])})
+                       for k in rt.kernels.get(family, []) if k.variant["layout"] in ("dense", "ragged")})
     if mode == "one":
         variants = [v for v in variants if v[1] == 128 and v[3] and v[2] == "dense"][:1]
     elif mode == "hopper":
@@ -145,15 +146,18 @@ def kv_write_cases():
                     launches += 1
 
 
-def attention_cases(picks=None, features=None):
+def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_sm90"):
     """Runtime.attention over pools sized to the pages the sequences own (a read past a pool is past its
     allocation) with page-table padding -1: decode rows, S_q 4 rows, chunks whose prefix is in the cache,
     empty sequences, lengths at and around page and kv-block boundaries; every row on the paged kernel,
-    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: all);
+    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: every paged
+    variant of `family`: of its fp8 ones with fp8, over e4m3 pools and fp32 scales of their own allocations);
     features: the score features' arguments (feature_kwargs), else none."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
-                       for k in rt.kernels.get("sdpa_prefill_sm90", []) if k.variant["layout"].startswith("paged")})
+                       for k in rt.kernels.get(family, []) if k.variant["layout"].startswith("paged")
+                       and (k.variant.get("kv_dtype") == "fp8_e4m3") == fp8
+                       and (features is not None or not any(k.variant.get(f) for f in FEATURES))})
     if picks is not None:
         variants = [v for v in variants if v in picks]
     # first a sequence whose queries see no key (s_kv 0): its tiles visit no kv block, and the page table's
@@ -167,6 +171,11 @@ def attention_cases(picks=None, features=None):
         for layout in ("NHD", "HND") if picks is None else ("NHD",):
             shape = (sum(need) + 1, page, H_kv, D) if layout == "NHD" else (sum(need) + 1, H_kv, page, D)
             k, v = torch.randn(shape, device="cuda", dtype=t), torch.randn(shape, device="cuda", dtype=t)
+            scales = {}
+            if fp8:
+                k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+                scales = {"k_descale": torch.full((H_kv,), 0.05, device="cuda"),
+                          "v_descale": torch.full((H_kv,), 0.05, device="cuda")}
             perm = torch.randperm(shape[0], device="cuda", dtype=torch.int32)
             pt = torch.full((len(seqs), width), -1, dtype=torch.int32, device="cuda")  # its own allocation
             pos = 0
@@ -181,7 +190,7 @@ def attention_cases(picks=None, features=None):
             out, lse = torch.empty_like(q), torch.empty(H_q, total, device="cuda")
             for dq in (0, 1):
                 rt.attention(q, k, v, out, cu, sl, pt, lse=lse, kv_layout=layout, decode_query_len=dq,
-                             **feature_kwargs(features, H_q))
+                             **feature_kwargs(features, H_q), **scales)
                 launches += 1
 
 
@@ -252,9 +261,12 @@ def feature_cases(picks=None):
 
 
 def fp8_cases():
-    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (decode_cases) and the quantizing KV write."""
+    """fp8 KV (kv_dtype fp8_e4m3): decode over e4m3 pools (decode_cases), the attention entry point over them
+    (every fp8 paged kernel of the Hopper and the portable family) and the quantizing KV write."""
     global launches
     decode_cases("fp8_e4m3")
+    for family in ("sdpa_prefill_sm90", "sdpa_prefill"):
+        attention_cases(fp8=True, family=family)
     for dtype, D in sorted({(k.variant["dtype"], k.variant["head_dim"]) for k in rt.kernels.get("kv_write", [])
                             if k.variant.get("kv_dtype") == "fp8_e4m3"}):
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]

@@ -12,8 +12,8 @@ page's tail at every page size, page ids outside the pool (read as zeros), rows 
 max_seqlen_q below the query counts (the CTAs walk the extra tiles); and, calling
 test_attention.py's and test_features.py's own tests with this runtime, page-table padding of -1 over NaN pages,
 causal=False, a CUDA graph replayed within its captured max_seqlen_q (plan and torch op), steps of other token
-counts on one plan, and the score features the bundle holds. Every test also checks that its plans ran the
-portable kernel.
+counts on one plan, and the score features the bundle holds; and test_fp8_kv.py's attention checks over e4m3
+pools (D 64, 128 and 256). Every test also checks that its plans ran the portable kernel.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import test_attention as T
+import test_fp8_kv as F8
 from test_attention import POISON, PagedBatch, case_id, reference
 from test_features import MIXED_SETTINGS, attention_mixed_batch
 
@@ -211,4 +212,32 @@ def test_features_mixed_batch(prt, index):
     """test_features.py's mixed batch for the bundle's paged feature variants of the portable family (window +
     sinks, soft-cap; the decode rows on the portable kernel too, the bundle having no decode kernel with them)."""
     attention_mixed_batch(prt, index, PORTABLE)
+    portable_plans(prt)
+
+
+# ---- fp8 KV pools (kv_dtype fp8_e4m3, D 64, 128 and 256): test_fp8_kv.py's checks on the portable kernel
+
+@pytest.mark.parametrize("layout,per_head,heads", F8.ATTN_SETTINGS)
+@pytest.mark.parametrize("decode_query_len,max_seqlen_q", [(0, 2048), (1, 2048), (0, 64)])
+def test_fp8_mixed_batch(prt, layout, per_head, heads, decode_query_len, max_seqlen_q):
+    """test_fp8_kv.py's mixed batch over e4m3 pools with per-head and per-tensor scales, every fp8 variant the
+    bundle holds (decode_query_len 0: every row on the portable kernel; 1: the decode rows on the fp8 decode
+    kernel; max_seqlen_q 64: a bound below the query counts, so each CTA walks several query tiles, Q rewritten
+    in fp16 for each), against fp64 attention over the dequantized cache."""
+    F8.fp8_attention_mixed_batch(prt, F8.fp8_attention_variants(prt, PORTABLE), layout, per_head, heads,
+                                 decode_query_len, max_seqlen_q)
+    portable_plans(prt)
+
+
+def test_fp8_large_queries_and_graph_replay(prt):
+    """|q| ~ 1e6 (Q rewritten in fp16 times a power of two per tile), then CUDA-graph replay with new lengths."""
+    for variant in F8.fp8_attention_variants(prt, PORTABLE):
+        F8.fp8_attention_large_queries_and_graph_replay(prt, variant)
+    portable_plans(prt)
+
+
+def test_fp8_with_score_features(prt):
+    """The bundle's fp8 portable kernels with score features (gpt-oss's sinks, window + sinks at D64) and their
+    decode rows' kernels, every feature value, on a mixed batch against fp64 (test_fp8_kv.py's)."""
+    assert F8.fp8_attention_with_features(prt, PORTABLE), "the bundle has no fp8 portable kernel with score features"
     portable_plans(prt)

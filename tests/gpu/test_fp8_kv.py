@@ -142,13 +142,14 @@ ATTN_SEQS = [(1, 1), (2048, 2048), (1, 17), (4, 4), (0, 50), (300, 301), (1, 100
              (1, 4096), (700, 3700), (5, 3)]
 
 
-def fp8_attention_variants(rt):
-    """(dtype, head_dim, page) of the bundle's plain fp8 paged sdpa_prefill_sm90 kernels."""
+def fp8_attention_variants(rt, family="sdpa_prefill_sm90"):
+    """(dtype, head_dim, page) of the bundle's plain fp8 paged kernels of `family` (the Hopper one; the portable
+    one, sdpa_prefill, from test_attention_portable.py)."""
     vs = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
-                 for k in rt.kernels.get("sdpa_prefill_sm90", [])
+                 for k in rt.kernels.get(family, [])
                  if k.variant.get("kv_dtype") == "fp8_e4m3" and str(k.variant["layout"]).startswith("paged")
                  and not any(k.variant.get(f) for f in ("window", "softcap", "sinks"))})
-    assert vs, "the default bundle has no fp8 sdpa_prefill_sm90 kernel"
+    assert vs, f"the bundle has no fp8 {family} kernel"
     return vs
 
 
@@ -165,16 +166,24 @@ def poison_fp8_tails(cache):
                 x[int(base.page_table[b, p]), L - p * base.page if p == L // base.page else 0:] = POISON
 
 
-@pytest.mark.parametrize("layout,per_head,heads", [("NHD", True, (32, 8)), ("HND", False, (32, 8)),
-                                                   ("NHD", False, (28, 4)), ("HND", True, (8, 8))])
+ATTN_SETTINGS = [("NHD", True, (32, 8)), ("HND", False, (32, 8)), ("NHD", False, (28, 4)), ("HND", True, (8, 8))]
+
+
+@pytest.mark.parametrize("layout,per_head,heads", ATTN_SETTINGS)
 @pytest.mark.parametrize("decode_query_len", [0, 1, 4])
 def test_fp8_attention_mixed_batch(rt, layout, per_head, heads, decode_query_len):
     """One rt.attention call over e4m3 pools for a mixed batch (ATTN_SEQS): every row against fp64 attention over
     the dequantized cache at bf16's tolerances, LSE too, rows past cu_seqlens_q[-1] untouched (NaN); per-head
     and per-tensor scales, NHD and HND, GQA 4, 7 (a group that does not divide the paged kernel's 64-row slabs)
     and 1; decode_query_len 0 puts the decode rows on the paged prefill kernel too."""
+    fp8_attention_mixed_batch(rt, fp8_attention_variants(rt), layout, per_head, heads, decode_query_len)
+
+
+def fp8_attention_mixed_batch(rt, variants, layout, per_head, heads, decode_query_len, max_seqlen_q=2048):
+    """test_fp8_attention_mixed_batch for the (dtype, head_dim, page) variants given (max_seqlen_q below the
+    query counts: the portable kernel's CTAs walk several query tiles each)."""
     H_q, H_kv = heads
-    for dtype, D, page in fp8_attention_variants(rt):
+    for dtype, D, page in variants:
         gen = torch.Generator(device="cuda").manual_seed(700 + decode_query_len + 3 * per_head + H_q)
         cache = Fp8Cache([s_kv for _, s_kv in ATTN_SEQS], page, H_kv, D, layout, gen, per_head=per_head)
         poison_fp8_tails(cache)
@@ -189,7 +198,7 @@ def test_fp8_attention_mixed_batch(rt, layout, per_head, heads, decode_query_len
         try:
             rt.attention(q, cache.k, cache.v, out, cu, cache.seqlens, cache.page_table, lse=lse, kv_layout=layout,
                          k_descale=cache.k_scale, v_descale=cache.v_scale, decode_query_len=decode_query_len,
-                         max_seqlen_q=2048, stream=torch.cuda.current_stream())
+                         max_seqlen_q=max_seqlen_q, stream=torch.cuda.current_stream())
         except ArgumentError as e:  # the decode rows' fp8 kernel (layout ragged) may be missing from a bundle
             if decode_query_len and "sdpa_decode" in str(e):
                 pytest.skip(f"no ragged fp8 decode kernel: {e}")
@@ -207,20 +216,29 @@ def test_fp8_attention_mixed_batch(rt, layout, per_head, heads, decode_query_len
 
 
 def test_fp8_attention_large_queries_and_graph_replay(rt):
-    """Queries far beyond fp16's range (|q| up to 1e6, the softmax scale 1e-6 / sqrt(D) so the logits stay of
-    order 1: the kernel rewrites Q as fp16 times a power of two per warpgroup) against fp64; then the same plan
-    captured in a CUDA graph and replayed with new lengths."""
-    dtype, D, page = fp8_attention_variants(rt)[0]
+    """Queries far beyond fp16's range (bf16, |q| up to 1e6, the softmax scale 1 / (1e6 sqrt(D)) so the logits stay
+    of order 1: the kernel rewrites Q as fp16 times a power of two per warpgroup) against fp64; then the same plan
+    captured in a CUDA graph and replayed with new lengths; every plain fp8 Hopper variant (D64's tile has two
+    consumer warpgroups where its 16-bit one has three)."""
+    for variant in fp8_attention_variants(rt):
+        fp8_attention_large_queries_and_graph_replay(rt, variant)
+
+
+def fp8_attention_large_queries_and_graph_replay(rt, variant):
+    """test_fp8_attention_large_queries_and_graph_replay for one (dtype, head_dim, page) variant (fp16 queries:
+    |q| up to about 5e4, near fp16's largest, as bf16 ones cannot go past it)."""
+    dtype, D, page = variant
+    amp = 1e6 if dtype == "bf16" else 1e4
     gen = torch.Generator(device="cuda").manual_seed(77)
     seqs = [(600, 900), (1, 40), (129, 129)]
     cache = Fp8Cache([2000, 2000, 2000], page, 8, D, "NHD", gen)
     total = sum(s_q for s_q, _ in seqs)
-    q = torch.randn(total, 32, D, dtype=DT[dtype], device="cuda", generator=gen) * 1e6
+    q = (torch.randn(total, 32, D, device="cuda", generator=gen) * amp).to(DT[dtype])
     out = torch.full_like(q, math.nan)
     lse = torch.full((32, total), math.nan, device="cuda")
     cu = torch.tensor([0, 600, 601, 730], dtype=torch.int32, device="cuda")
     lens = torch.tensor([s_kv for _, s_kv in seqs], dtype=torch.int32, device="cuda")
-    scale = 1e-6 / math.sqrt(D)
+    scale = 1.0 / (amp * math.sqrt(D))
     plan = rt.prepare_attention(q, cache.k, cache.v, out, cu, lens, cache.page_table, lse=lse, softmax_scale=scale,
                                 k_descale=cache.k_scale, v_descale=cache.v_scale)
 
@@ -235,7 +253,7 @@ def test_fp8_attention_large_queries_and_graph_replay(rt):
             pos += s_q
 
     plan(q, out, lse, stream=torch.cuda.current_stream())
-    check("eager, |q| ~ 1e6")
+    check(f"eager, |q| ~ {amp:g}")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         plan(q, out, lse, stream=torch.cuda.current_stream())
@@ -245,6 +263,66 @@ def test_fp8_attention_large_queries_and_graph_replay(rt):
     lse.fill_(math.nan)
     g.replay()
     check("graph replay with new lengths")
+
+
+def test_fp8_attention_with_score_features(rt):
+    """rt.attention over e4m3 pools with the paged kernels built with a window, soft-cap or sinks: the Hopper ones
+    (the default bundle's gpt-oss D64 kernels; specs/full.toml's others) and the portable ones where a bundle has
+    some the Hopper kernels do not serve (test_attention_portable.py runs its bundle's)."""
+    ran = [fp8_attention_with_features(rt, family) for family in ("sdpa_prefill", "sdpa_prefill_sm90")]
+    if not any(ran):
+        pytest.skip("no fp8 paged kernel with score features in this bundle (specs/full.toml builds them)")
+
+
+# a mixed batch of decode rows, S_q 4 rows, chunks over short and long prefixes, an empty sequence and rows that see
+# no key (s_q > s_kv)
+FEATURE_SEQS = [(1, 1), (300, 301), (1, 1000), (4, 130), (700, 3700), (5, 3), (0, 50), (1, 4096), (129, 129)]
+
+
+def fp8_attention_with_features(rt, family):
+    """Every fp8 paged kernel of `family` with score features, every feature value of feature_cases.settings, on a
+    mixed batch (FEATURE_SEQS; its decode rows on the fp8 decode kernel where one with the same features is
+    loaded): against fp64 attention with the features over the dequantized cache, LSE too; queries scaled so
+    soft-capped scores reach several times the cap. A variant whose call the runtime gives to another family's
+    kernel (the Hopper one serves it too) is not this family's to check: skipped. Returns how many it ran."""
+    found = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]),
+                     combo_of(k.variant))
+                    for k in rt.kernels.get(family, []) if k.variant.get("kv_dtype") == "fp8_e4m3"
+                    and str(k.variant["layout"]).startswith("paged") and combo_of(k.variant)}, key=repr)
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    ran = 0
+    total = sum(s_q for s_q, _ in FEATURE_SEQS)
+    cu = [0]
+    for s_q, _ in FEATURE_SEQS:
+        cu.append(cu[-1] + s_q)
+    cu = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    for dtype, D, page, combo in found:
+        H_q, H_kv = (64, 8) if D == 64 else (16, 4)  # gpt-oss's heads at D64
+        cache = Fp8Cache([s_kv for _, s_kv in FEATURE_SEQS], page, H_kv, D, "NHD", gen)
+        poison_fp8_tails(cache)
+        for feat in settings(combo):
+            amp = softcap_amplitude(feat.softcap, 1.0 / math.sqrt(D), D) ** 2  # (on q alone: k is the cache's)
+            q = (torch.randn(total + 3, H_q, D, device="cuda", generator=gen) * amp).to(DT[dtype])
+            out, lse = torch.full_like(q, math.nan), torch.full((H_q, total + 3), math.nan, device="cuda")
+            kw = feat.kwargs(H_q)
+            plan = rt.prepare_attention(q, cache.k, cache.v, out, cu, cache.seqlens, cache.page_table, lse=lse,
+                                        k_descale=cache.k_scale, v_descale=cache.v_scale, max_seqlen_q=700, **kw)
+            if plan.prefill_family != family:
+                break
+            plan(q, out, lse, stream=torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            pos = 0
+            for b, (s_q, s_kv) in enumerate(FEATURE_SEQS):
+                k, v = cache.dense(b)
+                ro, rl = feature_reference(q[pos:pos + s_q], k, v, causal=True, scale=1.0 / math.sqrt(D), **kw)
+                what = f"{family} {dtype} D{D} page{page} {feat} seq {b} (s_q {s_q}, s_kv {s_kv})"
+                check_close(out[pos:pos + s_q], ro, TOL[dtype], f"O {what}")
+                check_close(lse[:, pos:pos + s_q], rl, lse_tol(feat.softcap), f"LSE {what}")
+                pos += s_q
+            assert torch.isnan(out[total:]).all() and torch.isnan(lse[:, total:]).all(), f"{family}: rows past the step"
+        else:
+            ran += 1
+    return ran
 
 
 def test_fp8_decode_over_dense_kv(rt):
