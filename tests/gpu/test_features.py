@@ -191,7 +191,7 @@ def test_softcap_logits_within_and_beyond_the_cap(rt, family, softcap):
         amp = math.sqrt(3 * softcap / scale)
         for h, sign in ((3, -1.0), (4, 1.0)):
             q[:, :, h] = (sign * amp * u + 0.1 * torch.randn(S, D, device="cuda")).to(DT[dtype])
-            k[:, :, h] = (amp * u + 0.1 * torch.randn(S, D, device="cuda")).to(dtype)
+            k[:, :, h] = (amp * u + 0.1 * torch.randn(S, D, device="cuda")).to(DT[dtype])
         out = alloc(1, S, H, D, dtype, "bshd", fill=math.nan)
         lse = torch.full((1, H, S), math.nan, device="cuda")
         sinks = make_sinks("mixed", H) if "sinks" in combo else None
