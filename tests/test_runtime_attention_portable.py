@@ -264,6 +264,23 @@ def test_any_gqa_group_runs_on_the_portable_kernel(device):
     assert (got["heads_q"], got["heads_kv"], got["grid"][1]) == (28, 4, 28)
 
 
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_a_gqa_group_past_the_hopper_kernel_s_q_box_runs_on_the_portable_kernel(device, kv_layout):
+    """H_q 128 over one KV head (MQA; group 128 > the Hopper kernel's 64-row Q box): the portable kernel where
+    both families are loaded; group 64 stays on the Hopper one; with no portable kernel, the Hopper checks'
+    error names the group."""
+    device.cc = (9, 0)
+    rt = Runtime([portable(arch="sm_90"), hopper()])
+    for heads_q, family in ((128, PORTABLE), (64, HOPPER)):
+        q, k, v, o, cu, sl, pt, ls = step(heads_q=heads_q, heads_kv=1, kv_layout=kv_layout)
+        A.attention(rt, q, k, v, o, cu, sl, pt, ls, kv_layout=kv_layout)
+        assert rt.plans[list(rt.plans)[-1]].prefill_family == family, heads_q
+    assert device.launches[-2]["heads_q"] == 128 and "tma_q" in device.launches[-1]
+    q, k, v, o, cu, sl, pt, ls = step(heads_q=128, heads_kv=1, kv_layout=kv_layout)
+    with pytest.raises(ArgumentError, match=r"H_q / H_kv.*128.*1 to 64"):
+        A.attention(Runtime([hopper()]), q, k, v, o, cu, sl, pt, ls, kv_layout=kv_layout)
+
+
 def test_the_decode_rows_still_go_to_the_decode_kernel(device):
     device.cc = (9, 0)
     rt = Runtime([portable(arch="sm_90"), decode()])

@@ -16,6 +16,7 @@ exit at once: pass the bound.
 from __future__ import annotations
 
 from ..common.errors import ArgumentError
+from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
 from .features import Features
 from .prefill import MAX_GRID_YZ, hopper_candidates
 
@@ -40,13 +41,16 @@ def prefill_family(runtime, device: int, q, k, kv_layout, causal: bool, window_l
     call's dtype, head dim, page size, mask and features on this device, else the portable one where one
     does. Where none does, the family whose checks then name what is missing: the Hopper one where it has
     paged kernels for this device (as before the portable kernel was a choice), else the portable one where
-    it has. q, k: TensorArg records, not yet checked (a malformed call goes the Hopper way, to its errors)."""
+    it has. The Hopper kernel serves GQA groups (H_q / H_kv) of 1 to Q_BOX_ROWS only: a larger one (MQA over
+    many query heads) goes to the portable kernel where one serves. q, k: TensorArg records, not yet checked (a
+    malformed call goes the Hopper way, to its errors)."""
     if kv_layout not in ("NHD", "HND") or len(q.shape) != 3 or len(k.shape) != 4:
         return HOPPER
-    page = k.shape[1 if kv_layout == "NHD" else 2]
+    page, heads_kv = (k.shape[1], k.shape[2]) if kv_layout == "NHD" else (k.shape[2], k.shape[1])
     wanted = {"dtype": q.dtype, "head_dim": q.shape[2], "layout": f"paged{page}", "causal": causal,
               "kv_dtype": k.dtype, **Features(window_left, softcap, sinks).fields}
-    if runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, 0)) is not None:
+    hopper_group = heads_kv > 0 and q.shape[1] // heads_kv <= Q_BOX_ROWS
+    if hopper_group and runtime.find(HOPPER, device, hopper_candidates(runtime, device, wanted, 0)) is not None:
         return HOPPER
     if runtime.find(PORTABLE, device, portable_fields(wanted)) is not None:
         return PORTABLE
