@@ -2,11 +2,16 @@
 KV cache) beside aotc's own ragged-prefill and decode families and FlashAttention-3, in one process.
 
     python benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out DIR [--quick]
+        [--fp8] [--model llama|gpt-oss|gpt-oss-sliding]
 
-bf16, D 128, H_q/H_kv 32/8, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned
-bottom-right. aotc's calls pass the bounds an engine has on the host (max_seqlen_q, max_seqlen_kv, min_seqlen_q:
-the row's "bounds"). Each contender is a CUDA graph of 10 calls, the L2 flushed before every replay, the clocks
-settled on it first, the contenders interleaved in rotated order for --rounds rounds (benchmarks/timing.py);
+bf16, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned bottom-right, the attention
+shape of --model (MODELS): llama (default; D 128, H_q/H_kv 32/8, Llama 3 8B's), gpt-oss (D 64, H_q/H_kv 64/8,
+a learned sink per query head: gpt-oss-120b's full-attention layers) or gpt-oss-sliding (the same with its
+128-token window, window_left 127: its other layers). Every aotc call, and the reference, gets the model's
+window and sinks (seeded per-head sinks, N(0, 2^2)). aotc's calls pass the bounds an engine has on the host
+(max_seqlen_q, max_seqlen_kv, min_seqlen_q: the row's "bounds"). Each contender is a CUDA graph of 10 calls,
+the L2 flushed before every replay, the clocks settled on it first, the contenders interleaved in rotated order
+for --rounds rounds (benchmarks/timing.py);
 *_us is the median over rounds, *_spread (max - min) / median. Cases (CASES):
 
 * chunk2048_prefix{0,8192,30720}: B 1, 2048 new tokens over a prefix already in the cache (s_kv = prefix +
@@ -21,6 +26,10 @@ settled on it first, the contenders interleaved in rotated order for --rounds ro
   K/V bytes / time) against the decode family on the same pools (rt.decode, q viewed [B, 1, H_q, D]:
   decode_us) and FA3's flash_attn_with_kvcache on dense KV [64, 4096, 8, 128] (fa3_us).
 
+FA3's wheel has neither sinks nor local attention: for a model with a window it is left out; for one with
+sinks it runs the same shape without them (fa3_max_abs_err is then against the reference without sinks, and
+the row says so in fa3_note), a speed anchor for the shape rather than the same function.
+
 With --fp8, every case also times fp8: the same rt.attention call over the pools quantized to e4m3 (per-head
 scales amax / 448: the kv_dtype fp8_e4m3 kernels), x_fp8 = fp8_us / aotc_us; its error is against the
 unquantized reference, so it holds the quantization's own error.
@@ -34,7 +43,8 @@ Host rows (kind "host"): a decode step of B 8 over 4096 keys, each call timed al
 synchronized every 256 calls outside the timer, as benchmarks/bench_host.py does), median and p99 of --calls
 calls: torch.ops.aotc.attention with caller buffers, Runtime.attention, the prepared plan, beside
 torch.ops.aotc.decode_out, FA3's flash_attn_with_kvcache and torch SDPA (cuDNN) on the dense equivalent.
-Writes paged_varlen.json (header: git_commit, date, gpu, clocks, torch, command; rows).
+The host rows run for llama only. Writes paged_varlen.json (paged_varlen_<model>.json for the others;
+header: git_commit, date, gpu, clocks, torch, command, shape; rows).
 """
 from __future__ import annotations
 
@@ -51,8 +61,25 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.timing import graph_time, interleaved  # noqa: E402
 
-D, H_Q, H_KV, PAGE = 128, 32, 8, 16
+PAGE = 16
 CHUNK = 2048
+
+
+class Model(NamedTuple):
+    """The attention shape and score features of a model's layer, as bench rows run it."""
+    name: str
+    head_dim: int
+    heads_q: int
+    heads_kv: int
+    window_left: int | None = None  # keys a row sees to its left (vLLM: sliding_window - 1)
+    sinks: bool = False  # one learned logit per query head in every row's softmax denominator
+
+
+MODELS = {m.name: m for m in (
+    Model("llama", 128, 32, 8),
+    Model("gpt-oss", 64, 64, 8, sinks=True),
+    Model("gpt-oss-sliding", 64, 64, 8, window_left=127, sinks=True),
+)}
 
 
 class Case(NamedTuple):
@@ -77,24 +104,35 @@ HOST_SEQS = ((1, 4096),) * 8  # the host rows' decode step
 
 
 # ---- pure Python: FLOPs, bytes, metadata ---------------------------------------------------------------
-def visible_keys(s_q: int, s_kv: int, causal: bool = True) -> int:
-    """Keys the s_q query rows of a sequence see, summed over its rows. Causal (bottom-right): row i sees key
-    j iff j < s_kv and j <= i + s_kv - s_q, so the last n = min(s_q, s_kv) rows see s_kv - n + 1, ..., s_kv
-    keys and the others none; non-causal: every row all s_kv keys."""
+def visible_keys(s_q: int, s_kv: int, causal: bool = True, window_left: int | None = None) -> int:
+    """Keys the s_q query rows of a sequence see, summed over its rows. Causal (bottom-right): row i, at
+    position p = i + s_kv - s_q, sees key j iff j < s_kv and j <= p (and p - window_left <= j with a window), so
+    the last n = min(s_q, s_kv) rows see s_kv - n + 1, ..., s_kv keys (each at most window_left + 1) and the
+    others none; non-causal: every row all s_kv keys."""
     if not causal:
         return s_q * s_kv
     n = min(s_q, s_kv)
-    return n * (s_kv - n) + n * (n + 1) // 2
+    if window_left is None:
+        return n * (s_kv - n) + n * (n + 1) // 2
+    cap = window_left + 1
+    return sum(min(p + 1, cap) for p in range(s_kv - n, s_kv))
 
 
-def attention_flops(seqs, heads_q: int = H_Q, head_dim: int = D, causal: bool = True) -> int:
+def attention_flops(seqs, heads_q: int = 32, head_dim: int = 128, causal: bool = True,
+                    window_left: int | None = None) -> int:
     """4 * D * H_q per (query row, visible key): QK^T and PV, a multiply and an add each."""
-    return 4 * head_dim * heads_q * sum(visible_keys(s_q, s_kv, causal) for s_q, s_kv in seqs)
+    return 4 * head_dim * heads_q * sum(visible_keys(s_q, s_kv, causal, window_left) for s_q, s_kv in seqs)
 
 
-def kv_bytes(seqs, heads_kv: int = H_KV, head_dim: int = D, elem_bytes: int = 2) -> int:
-    """Bytes of K and V a call must read at least: every sequence's s_kv keys and values once."""
-    return 2 * sum(s_kv for _, s_kv in seqs) * heads_kv * head_dim * elem_bytes
+def kv_bytes(seqs, heads_kv: int = 8, head_dim: int = 128, elem_bytes: int = 2,
+             window_left: int | None = None) -> int:
+    """Bytes of K and V a call must read at least: every sequence's keys and values its rows can see, once (all
+    s_kv of them; with a window, from the first row's window start)."""
+    def read(s_q, s_kv):
+        if window_left is None or s_q == 0:
+            return s_kv
+        return s_kv - max(0, s_kv - min(s_q, s_kv) - window_left)
+    return 2 * sum(read(s_q, s_kv) for s_q, s_kv in seqs) * heads_kv * head_dim * elem_bytes
 
 
 def cu_seqlens(lengths) -> list[int]:
@@ -141,12 +179,14 @@ def derive(row: dict, kind: str) -> None:
 # ---- on the GPU ------------------------------------------------------------------------------------------
 class Pool:
     """bf16 NHD pools holding each sequence's s_kv keys in shuffled pages; the page table, seqlens_kv and
-    cu_seqlens_q (int32 on the GPU; cu_list on the host); q [total_q, H_q, D] (random) and out."""
+    cu_seqlens_q (int32 on the GPU; cu_list on the host); q [total_q, H_q, D] (random) and out; the model's
+    score features as every call takes them (features: window_left, sinks)."""
 
-    def __init__(self, seqs, seed: int):
+    def __init__(self, seqs, seed: int, model: Model):
         import torch
 
-        self.seqs = tuple(seqs)
+        self.seqs, self.model = tuple(seqs), model
+        D, H_Q, H_KV = model.head_dim, model.heads_q, model.heads_kv
         n_pages, self.rows = assign_pages([s_kv for _, s_kv in self.seqs], PAGE, seed)
         gen = torch.Generator(device="cuda").manual_seed(seed)
         self.k, self.v = (torch.randn(n_pages, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
@@ -158,6 +198,8 @@ class Pool:
         self.max_q = max(s_q for s_q, _ in self.seqs)
         self.q = torch.randn(self.cu_list[-1], H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
         self.out = torch.empty_like(self.q)
+        sinks = (torch.randn(H_Q, device="cuda", generator=gen) * 2.0) if model.sinks else None
+        self.features = {"window_left": model.window_left, "sinks": sinks}
 
     def fp8(self):
         """The pools as e4m3 with per-head scales (amax / 448): (k8, v8, k_scale, v_scale)."""
@@ -175,8 +217,8 @@ class Pool:
         import torch
 
         pages = torch.tensor(self.rows[b], dtype=torch.long, device="cuda")
-        s_kv = self.seqs[b][1]
-        return self.k[pages].reshape(-1, H_KV, D)[:s_kv], self.v[pages].reshape(-1, H_KV, D)[:s_kv]
+        s_kv, kv_heads, D = self.seqs[b][1], self.model.heads_kv, self.model.head_dim
+        return self.k[pages].reshape(-1, kv_heads, D)[:s_kv], self.v[pages].reshape(-1, kv_heads, D)[:s_kv]
 
     def packed(self, which):
         """K and V of the sequences `which` packed contiguously [sum s_kv, H_kv, D], their cu_seqlens_kv
@@ -196,7 +238,7 @@ class Pool:
 
         which = list(which)
         L = max(self.seqs[b][1] for b in which)
-        kd = torch.zeros(len(which), L, H_KV, D, dtype=torch.bfloat16, device="cuda")
+        kd = torch.zeros(len(which), L, self.model.heads_kv, self.model.head_dim, dtype=torch.bfloat16, device="cuda")
         vd = torch.zeros_like(kd)
         for i, b in enumerate(which):
             k, v = self.keys(b)
@@ -204,31 +246,49 @@ class Pool:
         return kd, vd
 
 
-def rows_of(result):
+def rows_of(result, model: Model):
     """A contender's output as [total_q, H_q, D] rows in the pool's order (parts concatenated)."""
     import torch
 
     parts = result if isinstance(result, tuple) else (result,)
-    return torch.cat([p.reshape(-1, H_Q, D) for p in parts])
+    return torch.cat([p.reshape(-1, model.heads_q, model.head_dim) for p in parts])
 
 
-def max_abs_err(pool: Pool, out, q=None) -> float:
-    """Max |out - ref| over every sequence's rows; ref: torch SDPA in fp32 on the sequence's gathered K/V (KV
-    heads repeated), the causal mask aligned bottom-right. q: the queries out was computed from (pool.q)."""
+def reference(q, k, v, s_kv: int, window_left: int | None, sinks):
+    """Attention of one sequence in fp32, computed apart from the kernels: q [s_q, H_q, D], k/v [s_kv, H_kv, D];
+    scores q.k / sqrt(D), key j visible to row i (position p = i + s_kv - s_q) iff j <= p and, with a window,
+    p - window_left <= j; a sink adds exp(sinks[h]) to the softmax denominator. One KV head's group at a time."""
     import torch
-    import torch.nn.functional as F
 
+    s_q, H_q, D = q.shape
+    group = H_q // k.shape[1]
+    p = torch.arange(s_q, device=q.device)[:, None] + (s_kv - s_q)
+    j = torch.arange(s_kv, device=q.device)[None, :]
+    hidden = (j > p) if window_left is None else (j > p) | (j < p - window_left)
+    out = torch.empty(s_q, H_q, D, dtype=torch.float32, device=q.device)
+    for g in range(k.shape[1]):
+        heads = slice(g * group, (g + 1) * group)
+        s = torch.einsum("ihd,jd->hij", q[:, heads].float(), k[:, g].float()) * D ** -0.5
+        s.masked_fill_(hidden, float("-inf"))
+        if sinks is not None:  # the sink as one more logit of every row, with no value
+            s = torch.cat([s, sinks[heads].float().view(-1, 1, 1).expand(-1, s_q, 1)], dim=2)
+        w = torch.softmax(s, dim=2)[..., :s_kv].nan_to_num_(0.0)  # a row that sees nothing: 0
+        out[:, heads] = torch.einsum("hij,jd->ihd", w, v[:, g].float())
+    return out
+
+
+def max_abs_err(pool: Pool, out, q=None, sinks: bool = True) -> float:
+    """Max |out - ref| over every sequence's rows; ref: reference() on the sequence's gathered K/V with the
+    pool's window and sinks (sinks=False: without the sinks, for a contender that has none). q: the queries
+    out was computed from (pool.q)."""
     q = pool.q if q is None else q
     err = 0.0
     for b, (s_q, s_kv) in enumerate(pool.seqs):
         lo, hi = pool.cu_list[b], pool.cu_list[b + 1]
         if s_q == 0:
             continue
-        qt = q[lo:hi].float().transpose(0, 1)[None]
-        kt, vt = (x.float().repeat_interleave(H_Q // H_KV, dim=1).transpose(0, 1)[None] for x in pool.keys(b))
-        i = torch.arange(s_q, device="cuda")[:, None]
-        j = torch.arange(s_kv, device="cuda")[None, :]
-        ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=j <= i + (s_kv - s_q))[0].transpose(0, 1)
+        k, v = pool.keys(b)
+        ref = reference(q[lo:hi], k, v, s_kv, pool.model.window_left, pool.features["sinks"] if sinks else None)
         e = float((out[lo:hi].float() - ref).abs().max())
         if e != e:  # NaN: an unwritten or broken row must show, not vanish in max()
             return e
@@ -243,18 +303,25 @@ def _first(result):
 
 def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[dict, dict]:
     """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, and the case's kind's others (fp8:
-    the same call over the pools in e4m3)."""
+    the same call over the pools in e4m3). Every aotc call takes the model's window and sinks; FA3 (no window,
+    no sinks in its wheel) runs without sinks, and not at all for a model with a window."""
     import torch
 
+    model, feats = pool.model, pool.features
+    H_Q, D = model.heads_q, model.head_dim
+    if model.window_left is not None:
+        fa3 = None  # the wheel is built without local attention (FLASHATTENTION_DISABLE_LOCAL)
     cur = torch.cuda.current_stream  # graph_time captures on a stream of its own: launch on the current one
     # the step's bounds, as an engine knows them on the host (vLLM: max_query_len, max_seq_len, and from its
     # batch split the fewest queries a sequence has: a chunk alone is no decode row, so no decode launch)
     bounds = {"max_seqlen_q": pool.max_q, "max_seqlen_kv": max(s_kv for _, s_kv in case.seqs),
               "min_seqlen_q": min(s_q for s_q, _ in case.seqs)}
-    plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, **bounds)
+    plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
     aa_out = torch.empty_like(pool.out)
-    aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, **bounds)
+    aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
     facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None), "bounds": bounds}
+    if fa3 is not None and model.sinks:
+        facts["fa3_note"] = "FA3 without sinks (its wheel has none): the same shape, not the same function"
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
            "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}
     if fp8:
@@ -262,7 +329,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
         out8 = torch.empty_like(pool.out)
         try:
             plan8 = rt.prepare_attention(pool.q, k8, v8, out8, pool.cu, pool.sl, pool.pt, k_descale=ks, v_descale=vs,
-                                         **bounds)
+                                         **bounds, **feats)
             facts["fp8_variant"] = plan8.variant.name
             # a plan holds the pools' and scales' pointers, not the tensors: the closure keeps them alive
             fns["fp8"] = lambda keep=(k8, v8, ks, vs): (plan8(pool.q, out8, stream=cur()), out8)[1]
@@ -273,7 +340,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
         kp, vp, cu_kv, max_kv = pool.packed(range(B))
         d_out = torch.empty_like(pool.out)
         fns["dense"] = lambda: (rt.prefill_ragged(pool.q, kp, vp, d_out, pool.cu, cu_kv, pool.max_q, max_kv,
-                                                  causal=True, stream=cur()), d_out)[1]
+                                                  causal=True, stream=cur(), **feats), d_out)[1]
         if fa3 is not None:
             # FA3 aligns causal bottom-right as aotc does: fa3_fwd_interface's docstrings (flash_attn_func and
             # flash_attn_with_kvcache, fa3-fwd 0.0.3) say "If causal=True, the causal mask is aligned to the
@@ -290,8 +357,8 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
         o_c, o_d = two[:c], two[c:].view(B - 1, 1, H_Q, D)
 
         def two_calls():
-            rt.prefill_ragged(q_c, kp, vp, o_c, cu_c, cu_kv, c, max_kv, causal=True, stream=cur())
-            rt.decode(q_d, pool.k, pool.v, o_d, sl_d, pt_d, stream=cur())
+            rt.prefill_ragged(q_c, kp, vp, o_c, cu_c, cu_kv, c, max_kv, causal=True, stream=cur(), **feats)
+            rt.decode(q_d, pool.k, pool.v, o_d, sl_d, pt_d, stream=cur(), **feats)
             return two
 
         fns["two_calls"] = two_calls
@@ -305,7 +372,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
             fns["fa3"] = fa3_two_calls
     elif case.kind == "decode":
         q4, o4 = pool.q.view(B, 1, H_Q, D), torch.empty(B, 1, H_Q, D, dtype=pool.q.dtype, device="cuda")
-        fns["decode"] = lambda: (rt.decode(q4, pool.k, pool.v, o4, pool.sl, pool.pt, stream=cur()), o4)[1]
+        fns["decode"] = lambda: (rt.decode(q4, pool.k, pool.v, o4, pool.sl, pool.pt, stream=cur(), **feats), o4)[1]
         if fa3 is not None:
             kd, vd = pool.dense(range(B))
             fns["fa3"] = lambda: _first(fa3.flash_attn_with_kvcache(q4, kd, vd, cache_seqlens=pool.sl, causal=True))
@@ -314,21 +381,26 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
     return fns, facts
 
 
-def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush, fp8: bool = False) -> dict:
+def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush, fp8: bool = False,
+             model: Model = MODELS["llama"]) -> dict:
     """One row: every contender checked once against the reference, then timed in interleaved rounds."""
     import torch
 
-    pool = Pool(case.seqs, seed)
-    row = {"case": case.name, "kind": case.kind, "batch": len(case.seqs), "new_tokens": pool.cu_list[-1],
-           "kv_tokens": sum(s_kv for _, s_kv in case.seqs), "flops": attention_flops(case.seqs),
-           "kv_bytes": kv_bytes(case.seqs)}
+    pool = Pool(case.seqs, seed, model)
+    shape = {"heads_q": model.heads_q, "head_dim": model.head_dim, "window_left": model.window_left}
+    row = {"case": case.name, "kind": case.kind, "model": model.name, "batch": len(case.seqs),
+           "new_tokens": pool.cu_list[-1], "kv_tokens": sum(s_kv for _, s_kv in case.seqs),
+           "flops": attention_flops(case.seqs, **shape),
+           "kv_bytes": kv_bytes(case.seqs, heads_kv=model.heads_kv, head_dim=model.head_dim,
+                                window_left=model.window_left)}
     fns, facts = contenders_of(rt, fa3, case, pool, fp8)
     row.update(facts)
     for name, fn in list(fns.items()):
         try:
             result = fn()
             torch.cuda.synchronize()
-            row[f"{name}_max_abs_err"] = max_abs_err(pool, rows_of(result))
+            has_sinks = not (name == "fa3" and model.sinks)
+            row[f"{name}_max_abs_err"] = max_abs_err(pool, rows_of(result, model), sinks=has_sinks)
         except Exception as e:  # one contender's failure (a shape FA3 refuses) must not hide the others
             row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             del fns[name]
@@ -348,7 +420,9 @@ def host_rows(rt, fa3, calls: int, seed: int) -> list[dict]:
 
     from benchmarks.bench_runtime import time_calls
 
-    pool = Pool(HOST_SEQS, seed)
+    model = MODELS["llama"]
+    H_Q, D = model.heads_q, model.head_dim
+    pool = Pool(HOST_SEQS, seed, model)
     B, ring, sync = len(HOST_SEQS), 8, torch.cuda.synchronize
     qs = [pool.q] + [torch.randn_like(pool.q) for _ in range(ring - 1)]
     outs = [pool.out] + [torch.empty_like(pool.out) for _ in range(ring - 1)]
@@ -424,7 +498,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5; 2 with --quick)")
     ap.add_argument("--calls", type=int, help="host-cost calls per row (default 3000; 300 with --quick)")
     ap.add_argument("--fp8", action="store_true", help="time every case over e4m3 pools too (kv_dtype fp8_e4m3)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama",
+                    help="the attention shape and score features (MODELS; default llama: D 128, H 32/8)")
     args = ap.parse_args(argv)
+    model = MODELS[args.model]
     rounds = args.rounds or (2 if args.quick else 5)
     calls = args.calls or (300 if args.quick else 3000)
     import torch
@@ -443,20 +520,24 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick and case.name in QUICK_SKIPS:
             continue
         try:
-            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8)
+            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8, model)
         except Exception as e:  # e.g. no kernel for the case: the other cases still run
             row = {"case": case.name, "kind": case.kind, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append(row)
         print(json.dumps(rounded(row)), flush=True)
         torch.cuda.empty_cache()
-    rows += host_rows(rt, fa3, calls, seed=100)
+    if model.name == "llama":
+        rows += host_rows(rt, fa3, calls, seed=100)
     result = {**result_header("benchmarks/bench_paged_varlen.py", sys.argv[1:] if argv is None else argv),
               "fa3": dist_version("fa3-fwd") if fa3 is not None else None,
-              "shape": {"dtype": "bf16", "D": D, "H_q": H_Q, "H_kv": H_KV, "page": PAGE, "kv_layout": "NHD"},
+              "shape": {"model": model.name, "dtype": "bf16", "D": model.head_dim, "H_q": model.heads_q,
+                        "H_kv": model.heads_kv, "page": PAGE, "kv_layout": "NHD", "window_left": model.window_left,
+                        "sinks": "N(0, 2^2) per query head" if model.sinks else None},
               "rounds": rounds, "rows": rows}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "paged_varlen.json").write_text(json.dumps(result, indent=1))
+    name = "paged_varlen.json" if model.name == "llama" else f"paged_varlen_{model.name}.json"
+    (out_dir / name).write_text(json.dumps(result, indent=1))
     print_table(rows)
 
 

@@ -6,14 +6,22 @@ import subprocess
 
 import pytest
 
-from benchmarks.bench_paged_varlen import (CASES, CHUNK, QUICK_SKIPS, assign_pages, attention_flops, cu_seqlens,
-                                           derive, kv_bytes, page_table, visible_keys)
+from benchmarks.bench_paged_varlen import (CASES, CHUNK, MODELS, QUICK_SKIPS, assign_pages, attention_flops,
+                                           cu_seqlens, derive, kv_bytes, page_table, visible_keys)
 from conftest import PYTHON, REPO
 
 
-def _counted(s_q, s_kv, causal):
-    """Every (row, key) pair looked at: row i sees key j iff j < s_kv and (not causal or j <= i + s_kv - s_q)."""
-    return sum(1 for i in range(s_q) for j in range(s_kv) if not causal or j <= i + s_kv - s_q)
+def _counted(s_q, s_kv, causal, window_left=None):
+    """Every (row, key) pair looked at: row i (position p = i + s_kv - s_q) sees key j iff j < s_kv and (not
+    causal or j <= p) and (no window or p - window_left <= j)."""
+    return sum(1 for i in range(s_q) for j in range(s_kv)
+               if (not causal or j <= i + s_kv - s_q) and (window_left is None or i + s_kv - s_q - window_left <= j))
+
+
+def _keys_read(s_q, s_kv, window_left):
+    """Keys some row of the sequence sees (each read once), counted key by key."""
+    rows = range(s_kv - min(s_q, s_kv), s_kv)  # the positions p of the rows that see any key
+    return sum(1 for j in range(s_kv) if any(p - window_left <= j <= p for p in rows))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -22,6 +30,26 @@ def test_visible_keys_counts_every_row(causal):
         for s_kv in range(0, 12):
             assert visible_keys(s_q, s_kv, causal) == _counted(s_q, s_kv, causal), (s_q, s_kv)
     assert visible_keys(300, 70, causal) == _counted(300, 70, causal)  # rows that see no key
+
+
+@pytest.mark.parametrize("window_left", [0, 1, 3, 7, 30])
+def test_visible_keys_within_a_window_counts_every_row(window_left):
+    for s_q in range(0, 12):
+        for s_kv in range(s_q, 14):
+            assert visible_keys(s_q, s_kv, True, window_left) == _counted(s_q, s_kv, True, window_left), (s_q, s_kv)
+            read = kv_bytes([(s_q, s_kv)], heads_kv=1, head_dim=1, elem_bytes=1, window_left=window_left) // 2
+            # (a sequence without rows counts all its keys, window or not: kv_bytes' convention, as below)
+            assert read == (_keys_read(s_q, s_kv, window_left) if s_q else s_kv), (s_q, s_kv)
+    # gpt-oss's window: a decode row reads its last 128 keys; a 2048-token chunk over 8192 more reads 2048 + 127
+    assert kv_bytes([(1, 4096)], heads_kv=1, head_dim=1, elem_bytes=1, window_left=127) == 2 * 128
+    assert kv_bytes([(2048, 10240)], heads_kv=1, head_dim=1, elem_bytes=1, window_left=127) == 2 * 2175
+    assert visible_keys(1, 4096, True, 127) == 128
+
+
+def test_models_are_the_shapes_the_docstring_names():
+    assert {m: (x.head_dim, x.heads_q, x.heads_kv, x.window_left, x.sinks) for m, x in MODELS.items()} == {
+        "llama": (128, 32, 8, None, False), "gpt-oss": (64, 64, 8, None, True),
+        "gpt-oss-sliding": (64, 64, 8, 127, True)}
 
 
 def test_chunk_flops_are_the_prefix_plus_the_triangle():
@@ -97,5 +125,5 @@ def test_the_benchmark_imports_without_torch_and_explains_itself():
             "assert 'torch' not in sys.modules, 'torch imported'; b.main(['--help'])" % str(REPO))
     r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
-    for option in ("--bundle", "--fa3", "--out", "--quick"):
+    for option in ("--bundle", "--fa3", "--out", "--quick", "--model", "gpt-oss-sliding"):
         assert option in r.stdout
