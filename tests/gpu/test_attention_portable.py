@@ -13,7 +13,9 @@ max_seqlen_q below the query counts (the CTAs walk the extra tiles); and, callin
 test_attention.py's and test_features.py's own tests with this runtime, page-table padding of -1 over NaN pages,
 causal=False, a CUDA graph replayed within its captured max_seqlen_q (plan and torch op), steps of other token
 counts on one plan, and the score features the bundle holds; and test_fp8_kv.py's attention checks over e4m3
-pools (D 64, 128 and 256). Every test also checks that its plans ran the portable kernel.
+pools (D 64, 128 and 256). Every test also checks that its plans ran the portable kernel; one loads the Hopper
+bundle beside it, where MQA over 128 query heads (past the Hopper kernel's 64-row Q box) must still take the
+portable kernel and 64 the Hopper one.
 """
 from __future__ import annotations
 
@@ -174,6 +176,26 @@ def test_rows_that_see_no_key_and_empty_sequences(prt, decode_query_len):
     b.cache.poison(POISON)
     b.attend(prt, io, b.metadata(step), lse=io.lse, max_seqlen_q=170, decode_query_len=decode_query_len)
     b.check(step, io, f"rows that see no key, decode_query_len {decode_query_len}")
+
+
+@pytest.mark.parametrize("heads_q, family", [(128, PORTABLE), (64, HOPPER)])
+def test_a_gqa_group_past_the_hopper_q_box_runs_on_the_portable_kernel(rt, prt, heads_q, family):
+    """Hopper and portable kernels loaded together (the suite's bundle and this one): MQA over 128 query heads
+    (group 128, past the Hopper kernel's 64-row Q box) runs on the portable kernel, 64 on the Hopper one; a mixed
+    batch with its decode rows on the decode kernel, against the fp32 reference."""
+    import aotc.runtime
+
+    if not rt.kernels.get(HOPPER):
+        pytest.skip(f"the suite's bundle ({rt.capabilities()['sources']}) holds no {HOPPER} kernel")
+    both = aotc.runtime.load(*rt.capabilities()["sources"], os.environ[BUNDLE_ENV])
+    gen = torch.Generator(device="cuda").manual_seed(640 + heads_q)
+    seqs = [(1, 1000), (300, 700), (4, 130), (1, 17), (129, 129)]
+    b, step, io = PagedBatch.of(seqs, 16, heads_q, 1, 128, "bf16", "NHD", gen)
+    b.cache.poison(POISON)
+    b.attend(both, io, b.metadata(step), lse=io.lse, max_seqlen_q=300, decode_query_len=1)
+    b.check(step, io, f"H_q {heads_q} over one KV head")
+    plans = [p for p in both.plans.values() if hasattr(p, "prefill_family")]
+    assert [p.prefill_family for p in plans] == [family]
 
 
 def test_non_causal(prt):
