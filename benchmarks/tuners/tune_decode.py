@@ -8,6 +8,9 @@ Each configuration is a tile record (aotc.families.sdpa_decode.Tile) for D128 on
 through compile_variant(tile=...), with keys of their own (the cache's would not see the tile), into a
 bundle.
 The GPU timings of the configurations: benchmarks/results/tune_decode.jsonl.
+
+    python benchmarks/tuners/tune_decode.py --fp8 64 --out /tmp/tune_f8     # fp8 KV tiles (FP8_CONFIGS)
+    python benchmarks/probes/decode_tile_ab.py --base artifacts/default.aotc --tuned kw32=/tmp/tune_f8/... # GPU
 """
 from __future__ import annotations
 
@@ -24,12 +27,24 @@ CONFIGS = {  # name: (keys per warp KW, ring slots, CTAs per SM) for D128 on sm_
     "kw16_s5": (16, 5, 2),
     "kw16_s4": (16, 4, 3),   # 68 KB of smem: 3 CTAs per SM
 }
+# fp8 KV at D64 (gpt-oss) and D128 (a key's e4m3 row takes 128 bytes of the ring at either); KB per CTA = 228 /
+# CTAs - 1. Timings: benchmarks/results/decode_experiment_fp8_d64_tiles.json (benchmarks/probes/decode_tile_ab.py)
+FP8_CONFIGS = {  # name: (KW, ring slots, CTAs per SM, KB of smem a CTA may take)
+    "kw16_s6_c4": (16, 6, 4, 56),   # shipped at D128 (and at D64 before decode_experiment_fp8_d64_tiles.json)
+    "kw32_s3_c4": (32, 3, 4, 56),   # shipped at D64
+    "kw16_s5_c5": (16, 5, 5, 44),
+    "kw16_s4_c6": (16, 4, 6, 37),
+    "kw16_s8_c3": (16, 8, 3, 74),
+    "kw32_s4_c3": (32, 4, 3, 74),
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/tune_decode")
-    ap.add_argument("configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--fp8", type=int, metavar="D", help="sweep FP8_CONFIGS at head dim D (bf16 queries over e4m3 "
+                                                          "pools, page 16); bundles f8d<D>_<config>.aotc")
+    ap.add_argument("configs", nargs="*")
     args = ap.parse_args()
     from aotc.common.variant import Variant
     from aotc.families.sdpa_decode import Tile, tile
@@ -37,8 +52,17 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.fp8:
+        for name in args.configs or list(FP8_CONFIGS):
+            kw, slots, ctas, kb = FP8_CONFIGS[name]
+            name = f"f8d{args.fp8}_{name}"
+            write_tuning_bundle(name, [Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=args.fp8, kv="paged16",
+                                                    layout="dense", kv_dtype="fp8_e4m3", sinks=False, softcap=False,
+                                                    window=False)], out / f"{name}.aotc",
+                                tile=Tile(kw, slots, ctas, kb * 1024, fp8=True))
+        return
     limit = tile(128, "sm_90").smem_limit
-    for name in args.configs:
+    for name in args.configs or list(CONFIGS):
         kw, slots, ctas = CONFIGS[name]
         write_tuning_bundle(name, [Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=128, kv=kv, layout="dense")
                                    for kv in ("paged16", "paged64", "dense")], out / f"{name}.aotc",
