@@ -194,8 +194,8 @@ def test_a_gqa_group_past_the_hopper_q_box_runs_on_the_portable_kernel(rt, prt, 
     b.cache.poison(POISON)
     b.attend(both, io, b.metadata(step), lse=io.lse, max_seqlen_q=300, decode_query_len=1)
     b.check(step, io, f"H_q {heads_q} over one KV head")
-    plans = [p for p in both.plans.values() if hasattr(p, "prefill_family")]
-    assert [p.prefill_family for p in plans] == [family]
+    # (the runtime keeps more than one plan of the step: every one must have taken the family)
+    assert {p.prefill_family for p in both.plans.values() if hasattr(p, "prefill_family")} == {family}
 
 
 def test_non_causal(prt):
