@@ -92,15 +92,16 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
           256: {"big": 3, "a100": 2, "small": 2}}
 
 
-# fp8 KV (the archs with e4m3, big and small classes): (ring slots of e4m3 tiles, CTAs per SM, KB per CTA).
-# fp8 decode is bound by instruction latency, not bytes (ncu at 3c6d52b, benchmarks/results/logs/
+# fp8 KV (the archs with e4m3, big and small classes): (keys per warp, ring slots of e4m3 tiles, CTAs per SM, KB
+# per CTA). fp8 decode is bound by instruction latency, not bytes (ncu at 3c6d52b, benchmarks/results/logs/
 # ncu_decode_fp8_3c6d52b.txt: 31% of issue slots busy at 2.5 warps a scheduler): D128 runs 4 CTAs an SM (16
 # warps; the kernel compiles to at most 128 registers for them) with 5 tiles of 8 KB each in flight
 # (benchmarks/results/fp8_kv.json). D64's rows of 64 bytes each take half a 16-bit swizzle atom (128 bytes of
-# the ring a row, aotc.kernels.sdpa_decode): D128's tile with 16 keys a warp, the ring the same bytes.
-_FP8_TILES = {(64, "big"): (6, 4, 56), (128, "big"): (6, 4, 56), (256, "big"): (6, 2, 113), (64, "small"): (11, 1, 99),
-              (128, "small"): (11, 1, 99), (256, "small"): (5, 1, 99)}
-_FP8_KEYS_PER_WARP = {64: 16}  # (else the 16-bit tile's)
+# the ring a row, aotc.kernels.sdpa_decode), so a key costs D128's ring bytes for half the data: D64 takes
+# 32 keys a warp in 3 slots (a kv block's fixed work, its barrier and page lookups, over twice the keys), 1.08-1.16x
+# the steps of 16 keys in 6 slots at gpt-oss's shape (benchmarks/results/decode_experiment_fp8_d64_tiles.json).
+_FP8_TILES = {(64, "big"): (32, 3, 4, 56), (128, "big"): (16, 6, 4, 56), (256, "big"): (16, 6, 2, 113),
+              (64, "small"): (16, 11, 1, 99), (128, "small"): (16, 11, 1, 99), (256, "small"): (16, 5, 1, 99)}
 
 
 def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
@@ -110,8 +111,8 @@ def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
         fits = _FP8_TILES.get((head_dim, cls))
         if fits is None:
             return None
-        slots, ctas, limit_kb = fits
-        return Tile(_FP8_KEYS_PER_WARP.get(head_dim, _KEYS_PER_WARP[head_dim]), slots, ctas, limit_kb * 1024, fp8=True)
+        keys_per_warp, slots, ctas, limit_kb = fits
+        return Tile(keys_per_warp, slots, ctas, limit_kb * 1024, fp8=True)
     ctas, limit = _CLASS_LIMITS[cls]
     return Tile(_KEYS_PER_WARP[head_dim], _SLOTS[head_dim][cls], ctas, limit)
 
