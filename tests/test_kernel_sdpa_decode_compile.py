@@ -118,7 +118,7 @@ def test_wrong_family(tmp_path):
 def test_fp8_kv_variant(tmp_path, head_dim):
     """bf16 queries over e4m3 pools: e4m3 -> fp16 by cvt (two values an instruction) in registers, fp16 MMAs,
     Q rewritten in fp16 once (cvt.rn.f16x2.f32), no spills, the family's fp8 tile and smem. D64: rows of 64
-    bytes in half a swizzle atom each, so its ring takes D128's bytes (16 keys a warp)."""
+    bytes in half a swizzle atom each, so its ring takes D128's bytes for as many keys (in fewer, wider blocks)."""
     v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=head_dim, kv="paged16", layout="dense",
                      kv_dtype="fp8_e4m3")
     built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
@@ -128,9 +128,11 @@ def test_fp8_kv_variant(tmp_path, head_dim):
     assert built.frame_bytes == 0
     t = tile(head_dim, "sm_90", "fp8_e4m3")
     assert t.fp8 and built.launch.dynamic_smem == t.smem_bytes(head_dim) <= t.smem_limit
-    assert t.keys_per_warp == 16
-    if head_dim == 64:  # the ring's rows of 128 bytes (64 of them e4m3), and Q
+    assert t.keys_per_warp in (16, 32)
+    if head_dim == 64:  # the ring's rows of 128 bytes (64 of them e4m3), and Q; as many keys as D128's ring
         assert t.smem_bytes(64) == t.slots * t.block_n * 128 + ROWS_PER_CTA * 64 * 2
+        t128 = tile(128, "sm_90", "fp8_e4m3")
+        assert t.slots * t.block_n == t128.slots * t128.block_n
 
 
 def test_fp8_tiles_fit():
