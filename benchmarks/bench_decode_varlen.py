@@ -56,15 +56,17 @@ CASES = {
 
 
 class Paged:
-    """A bf16 NHD pool holding `lengths`, shuffled page ids; q/out [B, 1, H_q, D]."""
+    """A bf16 NHD pool holding `lengths`, shuffled page ids; q/out [B, 1, H_q, D] (this benchmark's D and heads
+    unless given)."""
 
-    def __init__(self, lengths, gen):
+    def __init__(self, lengths, gen, d=D, h_q=H_Q, h_kv=H_KV):
         import torch
 
         self.lengths = lengths
+        self.shape = (d, h_q, h_kv)
         need = [max(1, math.ceil(n / PAGE)) for n in lengths]
         total = sum(need)
-        self.k = torch.randn(total, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
+        self.k = torch.randn(total, PAGE, h_kv, d, dtype=torch.bfloat16, device="cuda", generator=gen)
         self.v = torch.randn_like(self.k)
         perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
         self.pt = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
@@ -73,20 +75,21 @@ class Paged:
             self.pt[b, :n] = perm[pos:pos + n]
             pos += n
         self.sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        self.q = torch.randn(len(lengths), 1, H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
+        self.q = torch.randn(len(lengths), 1, h_q, d, dtype=torch.bfloat16, device="cuda", generator=gen)
         self.out = torch.empty_like(self.q)
 
     def dense(self):
         """K/V [B, max_len, H_kv, D] holding each sequence's tokens first (FA3's kvcache layout)."""
         import torch
 
+        d, _, h_kv = self.shape
         L = max(self.lengths)
-        kd = torch.zeros(len(self.lengths), L, H_KV, D, dtype=torch.bfloat16, device="cuda")
+        kd = torch.zeros(len(self.lengths), L, h_kv, d, dtype=torch.bfloat16, device="cuda")
         vd = torch.zeros_like(kd)
         for b, n in enumerate(self.lengths):
             pages = self.pt[b, : math.ceil(n / PAGE)].long()
-            kd[b, :n] = self.k[pages].reshape(-1, H_KV, D)[:n]
-            vd[b, :n] = self.v[pages].reshape(-1, H_KV, D)[:n]
+            kd[b, :n] = self.k[pages].reshape(-1, h_kv, d)[:n]
+            vd[b, :n] = self.v[pages].reshape(-1, h_kv, d)[:n]
         return kd, vd
 
 

@@ -42,13 +42,13 @@ CASES = {
 
 
 class Cache(Paged):
-    """bench_decode_varlen's bf16 NHD pool (shuffled page ids, q/out [B, 1, H_q, D]) and its e4m3 copy with
-    per-head scales (amax / 448)."""
+    """bench_decode_varlen's bf16 NHD pool (shuffled page ids, q/out [B, 1, H_q, D]; its D and heads unless
+    `shape` = (d, h_q, h_kv) says) and its e4m3 copy with per-head scales (amax / 448)."""
 
-    def __init__(self, lengths, gen):
+    def __init__(self, lengths, gen, *shape):
         import torch
 
-        super().__init__(lengths, gen)
+        super().__init__(lengths, gen, *shape)
         self.k_scale = (self.k.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
         self.v_scale = (self.v.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
         self.k8 = (self.k.float() / self.k_scale.view(1, 1, -1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)

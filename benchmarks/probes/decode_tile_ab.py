@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.bench_decode_varlen import PAGE  # noqa: E402
+from benchmarks.bench_fp8_kv import Cache as Fp8Cache  # noqa: E402
 
-PAGE = 16
-E4M3_MAX = 448.0
 L2_CLEAR_BYTES = 200 << 20
 TOLERANCE = 2e-3
 CASES = {
@@ -33,31 +33,9 @@ CASES = {
 }
 
 
-class Cache:
-    """An NHD bf16 pool of `lengths` on shuffled pages, its e4m3 copy with per-head scales (amax / 448),
-    q [B, 1, H_q, D]."""
-
-    def __init__(self, lengths, gen, d, h_q, h_kv):
-        import torch
-
-        D, H_Q, H_KV = self.shape = d, h_q, h_kv
-        self.lengths = lengths
-        need = [max(1, math.ceil(n / PAGE)) for n in lengths]
-        total = sum(need)
-        self.k = torch.randn(total, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
-        self.v = torch.randn_like(self.k)
-        perm = torch.randperm(total, device="cuda", generator=gen).to(torch.int32)
-        self.pt = torch.zeros(len(lengths), max(need), dtype=torch.int32, device="cuda")
-        pos = 0
-        for b, n in enumerate(need):
-            self.pt[b, :n] = perm[pos:pos + n]
-            pos += n
-        self.sl = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-        self.q = torch.randn(len(lengths), 1, H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
-        self.k_scale = (self.k.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
-        self.v_scale = (self.v.float().abs().amax(dim=(0, 1, 3)) / E4M3_MAX).contiguous()
-        self.k8 = (self.k.float() / self.k_scale.view(1, 1, -1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        self.v8 = (self.v.float() / self.v_scale.view(1, 1, -1, 1)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+class Cache(Fp8Cache):
+    """bench_fp8_kv's pools (bf16 NHD, shuffled pages, and the e4m3 copy with per-head scales) at a given shape,
+    with an fp64 reference of any head count."""
 
     def reference(self, b: int):
         """fp64 attention of sequence b over the dequantized cache: [1, H_q, D]."""
