@@ -21,9 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.bench_decode_varlen import PAGE  # noqa: E402
-from benchmarks.bench_fp8_kv import Cache as Fp8Cache  # noqa: E402
+from benchmarks.bench_fp8_kv import L2_CLEAR_BYTES, Cache  # noqa: E402  (its pools at any shape, their fp64 reference)
 
-L2_CLEAR_BYTES = 200 << 20
 TOLERANCE = 2e-3
 CASES = {
     "b64_4096": [4096] * 64,
@@ -31,27 +30,6 @@ CASES = {
     "b1_32768": [32768],
     "skewed_b64_2x32768_62x1024": [32768] * 2 + [1024] * 62,
 }
-
-
-class Cache(Fp8Cache):
-    """bench_fp8_kv's pools (bf16 NHD, shuffled pages, and the e4m3 copy with per-head scales) at a given shape,
-    with an fp64 reference of any head count."""
-
-    def reference(self, b: int):
-        """fp64 attention of sequence b over the dequantized cache: [1, H_q, D]."""
-        import torch
-
-        D, H_Q, H_KV = self.shape
-        n = self.lengths[b]
-        pages = self.pt[b, : math.ceil(n / PAGE)].long()
-        # (e4m3 pages gathered as bytes: index ops on float8 tensors are not everywhere)
-        k = self.k8.view(torch.uint8)[pages].view(torch.float8_e4m3fn).double() * self.k_scale.double().view(1, 1, -1, 1)
-        v = self.v8.view(torch.uint8)[pages].view(torch.float8_e4m3fn).double() * self.v_scale.double().view(1, 1, -1, 1)
-        kf = k.reshape(-1, H_KV, D)[:n].repeat_interleave(H_Q // H_KV, 1).transpose(0, 1)
-        vf = v.reshape(-1, H_KV, D)[:n].repeat_interleave(H_Q // H_KV, 1).transpose(0, 1)
-        qf = self.q[b].double().transpose(0, 1)  # [H_q, 1, D]
-        p = torch.softmax(torch.matmul(qf, kf.transpose(1, 2)) / math.sqrt(D), -1)
-        return torch.matmul(p, vf).transpose(0, 1)
 
 
 def main() -> None:
