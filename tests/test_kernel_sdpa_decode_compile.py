@@ -9,10 +9,13 @@ pytest.importorskip("cutlass")
 
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
-from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA, tile  # noqa: E402
+from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA, Tile, tile  # noqa: E402
 from aotc.kernels import sdpa_decode as kernel  # noqa: E402
 from aotc.kernels.sdpa_decode_checks import verify_mappings  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
+
+# fp8 D64 with its rows packed two to a 128-byte line: 32 keys a warp, 6 slots, 4 CTAs an SM (tune_decode's kw32_s6_c4_p)
+PACKED_D64 = Tile(32, 6, 4, 56 * 1024, fp8=True, packed_rows=True)
 
 CASES = [
     # arch, dtype, head_dim, kv
@@ -91,12 +94,19 @@ def test_plain_compile_record(tmp_path):
     assert built.launch.dynamic_smem == tile(128, "sm_90").smem_bytes(128)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_89"])  # the big and the small shared-memory classes' tiles
 @pytest.mark.parametrize("kv_dtype", [None, "fp8_e4m3"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_static_mappings(head_dim, kv_dtype):
+def test_static_mappings(head_dim, kv_dtype, arch):
     # P-as-A-operand view, accumulator rows/cols, gather-copy rows and columns, warp key views (fp8: of the
-    # e4m3 pairs' tiles, D64's in half their pitch)
-    assert verify_mappings(head_dim, kv_dtype=kv_dtype) == []
+    # e4m3 pairs' tiles, D64's narrow ones)
+    assert verify_mappings(head_dim, arch=arch, kv_dtype=kv_dtype) == []
+
+
+def test_static_mappings_packed_rows():
+    assert verify_mappings(64, kv_dtype="fp8_e4m3", tile=PACKED_D64) == []
+    with pytest.raises(ValueError, match="packed rows"):
+        verify_mappings(128, kv_dtype="fp8_e4m3", tile=PACKED_D64)
 
 
 def test_tile_configs_fit():
@@ -118,7 +128,8 @@ def test_wrong_family(tmp_path):
 def test_fp8_kv_variant(tmp_path, head_dim):
     """bf16 queries over e4m3 pools: e4m3 -> fp16 by cvt (two values an instruction) in registers, fp16 MMAs,
     Q rewritten in fp16 once (cvt.rn.f16x2.f32), no spills, the family's fp8 tile and smem. D64: rows of 64
-    bytes in half a swizzle atom each, so its ring takes D128's bytes for as many keys (in fewer, wider blocks)."""
+    bytes in half a swizzle atom each (unless the tile packs them), so its ring takes D128's bytes for as many
+    keys (in fewer, wider blocks)."""
     v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=head_dim, kv="paged16", layout="dense",
                      kv_dtype="fp8_e4m3")
     built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True)
@@ -129,7 +140,7 @@ def test_fp8_kv_variant(tmp_path, head_dim):
     t = tile(head_dim, "sm_90", "fp8_e4m3")
     assert t.fp8 and built.launch.dynamic_smem == t.smem_bytes(head_dim) <= t.smem_limit
     assert t.keys_per_warp in (16, 32)
-    if head_dim == 64:  # the ring's rows of 128 bytes (64 of them e4m3), and Q; as many keys as D128's ring
+    if head_dim == 64 and not t.packed_rows:  # the ring's rows of 128 bytes (64 of them e4m3), and Q
         assert t.smem_bytes(64) == t.slots * t.block_n * 128 + ROWS_PER_CTA * 64 * 2
         t128 = tile(128, "sm_90", "fp8_e4m3")
         assert t.slots * t.block_n == t128.slots * t128.block_n
@@ -140,3 +151,36 @@ def test_fp8_tiles_fit():
         for head_dim in (64, 128, 256):
             t = tile(head_dim, arch, "fp8_e4m3")
             assert t.fp8 and t.smem_bytes(head_dim) <= t.smem_limit, (arch, head_dim)
+
+
+@pytest.mark.parametrize("kv", ["dense", "paged16", "paged32", "paged64", "paged128"])
+def test_fp8_d64_narrow_tile_every_kv(tmp_path, kv):
+    """fp8 D64's narrow tile (rows of 64 bytes, 32 rows a copy pass) at every page size: a pass spans two pages
+    at page 16 (each thread's own page per row: one page-table load per row pass, not per page), one page or a
+    run of a page from 32 up; 16-byte cp.async only, no spills."""
+    v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", head_dim=64, kv=kv, layout="ragged", kv_dtype="fp8_e4m3",
+                     sinks=True, window=True)
+    t = PACKED_D64
+    built = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True, tile=t)
+    k = kernel.SdpaDecode(v, t)
+    assert (k.KV_PITCH, k.ATOM_W, k.TPR, k.RPP, k.ROW_ITERS) == (32, 32, 4, 32, t.block_n // 32)
+    assert built.launch.dynamic_smem == t.smem_bytes(64) == 50 * 1024  # 6 slots of 128 keys x 64 bytes, and Q
+    assert k.PG_PER_ROW == (kv == "paged16")
+    want_pages = 0 if kv == "dense" else t.block_n // 32 if kv == "paged16" else max(1, t.block_n // k.page)
+    assert k.N_PG == want_pages
+    ptx = built.ptx
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", ptx)
+    assert not re.search(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], (4|8)\b", ptx)
+    assert built.frame_bytes == 0 and ".local" not in ptx
+
+
+def test_bank_check_sees_an_unswizzled_tile(monkeypatch):
+    """The bank-conflict fact of verify_mappings can fail: a row-major (unswizzled) narrow tile puts an ldmatrix
+    phase's 8 rows on 2 bank groups (its cp.async stores, 2 rows of 64 bytes a phase, stay conflict-free)."""
+    import cutlass.cute as cute
+    from aotc.kernels import sdpa_decode_checks as checks
+    monkeypatch.setattr(checks, "smem_tile_layout", lambda rows, cols: cute.make_layout((rows, cols), stride=(cols, 1)))
+    errors = verify_mappings(64, kv_dtype="fp8_e4m3", tile=PACKED_D64)
+    assert errors and all("bank conflict" in e for e in errors)
+    assert any("K ldmatrix" in e for e in errors) and any("V ldmatrix" in e for e in errors)
+    assert not any("cp.async" in e for e in errors)

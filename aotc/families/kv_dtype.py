@@ -46,7 +46,8 @@ def why_not_paged_fp8(layout: str) -> str | None:
 
 
 # The warp-MMA kernels (sdpa_decode, sdpa_prefill) hold e4m3 rows in the 64-column swizzle atoms of their 16-bit
-# tiles, read as 16-bit pairs: a row takes D bytes, and at least one atom row of 128 (D64's fill half of it)
+# tiles, read as 16-bit pairs: a row takes D bytes, and at least one atom row of 128 (D64's fill half of it; a
+# decode tile with packed_rows puts two in a 128-byte line instead, aotc.kernels.warp_mma.smem_tile_layout)
 E4M3_MIN_ROW_BYTES = 128
 
 

@@ -66,6 +66,9 @@ class Tile:
     smem_limit: int
     # fp8 KV: the ring's slots hold e4m3 tiles (half the bytes of a 16-bit tile), converted in registers
     fp8: bool = False
+    # fp8 D64: its 64-byte e4m3 rows packed two to a 128-byte line (narrow swizzle atoms, aotc.kernels.sdpa_decode)
+    # instead of each in the first half of a 128-byte atom row (kv_dtype.e4m3_row_bytes)
+    packed_rows: bool = False
 
     @property
     def block_n(self) -> int:
@@ -74,7 +77,10 @@ class Tile:
     def smem_bytes(self, head_dim: int) -> int:
         """max(Q tile + ring, the epilogue's merge buffer, which overlays them), in 1 KiB steps."""
         q_bytes = ROWS_PER_CTA * head_dim * 2
-        ring_bytes = self.slots * self.block_n * (e4m3_row_bytes(head_dim) if self.fp8 else head_dim * 2)
+        row_bytes = head_dim * 2
+        if self.fp8:
+            row_bytes = head_dim if self.packed_rows else e4m3_row_bytes(head_dim)
+        ring_bytes = self.slots * self.block_n * row_bytes
         # per warp and row: max and sum (fp32), then per warp a 16 x (D + pad) fp32 O tile
         merge_bytes = WARPS * ROWS_PER_CTA * 2 * 4 + WARPS * ROWS_PER_CTA * (head_dim + ACC_PAD) * 4
         return (max(q_bytes + ring_bytes, merge_bytes) + 1023) // 1024 * 1024
@@ -100,9 +106,12 @@ _SLOTS = {64: {"big": 6, "a100": 4, "small": 6}, 128: {"big": 6, "a100": 4, "sma
 # the ring a row, aotc.kernels.sdpa_decode), so a key costs D128's ring bytes for half the data: D64 takes
 # 32 keys a warp in 3 slots (a kv block's fixed work, its barrier and page lookups, over twice the keys), 1.08-1.16x
 # the steps of 16 keys in 6 slots at gpt-oss's shape (benchmarks/results/decode_experiment_fp8_d64_tiles.json).
+# Tile.packed_rows packs them two to a 128-byte line instead (benchmarks/tuners/tune_decode.py's *_p tiles): the
+# (head dim, class) pairs of _PACKED_FP8_ROWS.
 _FP8_TILES = {(64, "big"): (32, 3, 4, 56), (128, "big"): (16, 6, 4, 56), (256, "big"): (16, 6, 2, 113),
               (64, "small"): (16, 11, 1, 99), (128, "small"): (16, 11, 1, 99), (256, "small"): (16, 5, 1, 99)}
 
+_PACKED_FP8_ROWS: frozenset = frozenset()
 
 def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
     """The tile of a head dim, arch and KV dtype (None: no fp8 tile fits the arch's shared memory)."""
@@ -112,7 +121,8 @@ def tile(head_dim: int, arch: str, kv_dtype: str | None = None) -> Tile | None:
         if fits is None:
             return None
         keys_per_warp, slots, ctas, limit_kb = fits
-        return Tile(keys_per_warp, slots, ctas, limit_kb * 1024, fp8=True)
+        return Tile(keys_per_warp, slots, ctas, limit_kb * 1024, fp8=True,
+                    packed_rows=(head_dim, cls) in _PACKED_FP8_ROWS)
     ctas, limit = _CLASS_LIMITS[cls]
     return Tile(_KEYS_PER_WARP[head_dim], _SLOTS[head_dim][cls], ctas, limit)
 

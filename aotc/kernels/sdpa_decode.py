@@ -40,7 +40,11 @@ paged  k + page_table[b, t // P] * stride_page + (t % P) * stride_token + kv_hea
 dense  k + b * stride_page + t * stride_token + kv_head * stride_head            (same three slots)
 A thread copies rows tid/8 + 16j (j < BLOCK_N/16) of a tile, 8 consecutive 16-byte chunks of a
 row across 8 threads; the page of row-iteration j is the block's (16j // P)-th page, so a block needs
-only max(1, BLOCK_N/P) page-table entries, the same for every thread: they are loaded one tile step
+only max(1, BLOCK_N/P) page-table entries, the same for every thread. fp8 D64's rows of 64 bytes (32
+16-bit pairs) take the first half of a 64-column atom row, copied by its first 4 threads; or, with the tile's
+packed_rows, sit in narrow swizzle atoms, two rows a 128-byte line (warp_mma.smem_tile_layout): 4 threads
+copy a row, rows tid/4 + 32j, and at page 16 a pass spans two pages, so each thread keeps the page of
+each of its rows (BLOCK_N/32 entries). The entries are loaded one tile step
 before the K tile that uses them (after the V tile of the previous block is issued), so the
 page-table latency overlaps a step of compute. Rows at or past hi are zero-filled in smem and never
 read from global memory (no page-table read either). All offsets are Int64; row offsets are
@@ -85,7 +89,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory import SmemAllocator
 
 from ..common.abi import has_grid_dependency_control
-from ..families.kv_dtype import FP8, e4m3_row_bytes
+from ..families.kv_dtype import FP8
 from ..families.sdpa_decode import (ACC_PAD, KV_CHOICES, MIN_CHUNK_BLOCKS, PARAMS, ROWS_PER_CTA, THREADS, WARPS, Tile,
                                     launch_facts, variant_tile)
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
@@ -94,8 +98,8 @@ from .tile_scheduler import KvChunks
 from .mask import mask_columns, mask_columns_between
 from .softmax import (LN_2, LOG2_E, MAX_SLACK_LOG2, NEG_INF, ScoreScale, quad_allreduce, rescale_rows, softcap_row,
                       softmax_row, with_sink)
-from .warp_mma import (ATOM_COLS, DTYPES, VEC, acc_mn_view, acc_to_a_operand, gemm_ldmatrix, ldmatrix_atoms,
-                       make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
+from .warp_mma import (ATOM_COLS, DTYPES, NARROW_COLS, VEC, acc_mn_view, acc_to_a_operand, atom_cols, gemm_ldmatrix,
+                       ldmatrix_atoms, make_g2s, make_warp_mma, opaque_i32, smem_tile_layout)
 
 _THREADS = THREADS
 _WARPS = WARPS
@@ -141,14 +145,22 @@ class SdpaDecode:
         self.MMA_DTYPE = cutlass.Float16 if KV8 else dtype
         self.KV_COLS = D // 2 if KV8 else D
         # a tile row's pitch: fp8 D64's rows of 32 pairs (64 bytes) sit in the first half of a 64-column swizzle
-        # atom (128 bytes): ldmatrix reads them as a (keys, 32) view of the atom, the other half is never read
-        self.KV_PITCH = e4m3_row_bytes(D) // 2 if KV8 else D
+        # atom (128 bytes), which ldmatrix reads as a (keys, 32) view, the other half never read; or, with the
+        # tile's packed_rows, in narrow 32-column atoms (warp_mma.smem_tile_layout): 4 threads copy a row, 32 rows
+        # a pass, and a ring slot holds twice the keys
+        if t.packed_rows and not (KV8 and self.KV_COLS == NARROW_COLS):
+            raise ValueError(f"tile {t}: packed rows are fp8 D64's, not {variant.name}'s")
+        self.KV_PITCH = self.KV_COLS if t.packed_rows else max(self.KV_COLS, ATOM_COLS)
         self.KV_PAD = self.KV_COLS < self.KV_PITCH
+        self.ATOM_W = atom_cols(self.KV_PITCH)   # a tile row's offset within its atom column (the warp views')
+        self.TPR = min(self.KV_PITCH, ATOM_COLS) // VEC  # copy threads a row
+        self.LOG2_TPR = self.TPR.bit_length() - 1
+        self.RPP = _THREADS // self.TPR          # rows a copy pass covers: 16, or 32 for narrow rows
         self.KW = KW = t.keys_per_warp
         self.BN = BN = t.block_n
         self.SLOTS = SLOTS = t.slots
-        self.TILE = BN * self.KV_PITCH              # 16-bit elements of a K or V tile (fp8: pairs of e4m3 bytes)
-        self.ROW_ITERS = BN // 16                # rows a thread copies per tile
+        self.TILE = BN * self.KV_PITCH           # 16-bit elements of a K or V tile (fp8: pairs of e4m3 bytes)
+        self.ROW_ITERS = BN // self.RPP          # rows a thread copies per tile
         self.N_CHUNKS = D // ATOM_COLS           # 64-column chunks of D (O accumulators, V^T fragments)
         self.PAGED = PAGED = page > 0
         # ragged: Q/O [total_q, H_q, D] with cu_seqlens_q; a sequence of 1 .. seqlen_q queries is served, any
@@ -157,7 +169,10 @@ class SdpaDecode:
         # score features (aotc.families.features): compiled in or not, their values are parameters
         self.WINDOW, self.SOFTCAP, self.SINKS = (bool(variant.get(f, False)) for f in ("window", "softcap", "sinks"))
         self.PDL = has_grid_dependency_control(arch)  # trigger programmatic dependents (griddepcontrol)
-        self.N_PG = max(1, BN // page) if PAGED else 0  # page-table entries per block
+        # page-table entries a thread keeps per block: the block's, the same for every thread, or where a copy
+        # pass spans two pages (narrow rows, page 16) the page of each of its own rows
+        self.PG_PER_ROW = PAGED and page < self.RPP
+        self.N_PG = (self.ROW_ITERS if self.PG_PER_ROW else max(1, BN // page)) if PAGED else 0
         self.LOG2_P = page.bit_length() - 1 if PAGED else 0
         self.ACC_LD = D + _ACC_PAD               # fp32 row stride of the merge buffer
         self.ML_FLOATS = _WARPS * _ROWS * 2
@@ -165,9 +180,9 @@ class SdpaDecode:
         self.MERGE_TPR = D // MERGE_VEC              # split merge: threads per row
         self.MERGE_ROWS = _THREADS // self.MERGE_TPR  # rows merged at a time (D 256: 2 rows of 64 threads)
         smem = t.smem_bytes(D)
-        if (SLOTS < 2 or KW % 16 or D % ATOM_COLS or BN % 16 or (_ROWS * D // VEC) % _THREADS
-                or (self.KV_COLS % ATOM_COLS and self.KV_COLS != ATOM_COLS // 2)  # fp8: whole or half swizzle atoms
-                or (PAGED and (page & (page - 1) or page % 16))  # row-iteration j lies in page 16j // P
+        if (SLOTS < 2 or KW % 16 or D % ATOM_COLS or BN % self.RPP or (_ROWS * D // VEC) % _THREADS
+                or (self.KV_COLS % ATOM_COLS and self.KV_COLS != NARROW_COLS)  # whole 64-column atoms or one narrow
+                or (PAGED and (page & (page - 1) or page % 16))  # a pass's rows lie in one page, or two of 16
                 or smem > t.smem_limit):
             raise ValueError(f"unsupported tile {t} for head_dim {D}, page {page} ({smem} bytes of smem)")
         ring_elems = (smem - _ROWS * D * 2) // 2  # 16-bit elements (fp8: pairs of e4m3 bytes)
@@ -226,11 +241,11 @@ class SdpaDecode:
     # created inside a loop body would escape it. Bodies read ctx attributes only.
 
     @cute.jit
-    def copy_row(self, g2s, thr, base, off, dst, cols: cutlass.Constexpr):
+    def copy_row(self, g2s, thr, base, off, dst, rows: cutlass.Constexpr, cols: cutlass.Constexpr):
         """cp.async this thread's chunks of one (., cols) row of 16-bit elements at base + off into dst
-        (CPY, cols/64): the source is a row-stride-0 (16, cols) view, so the thread's row coordinate drops
-        out."""
-        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((16, cols), stride=(0, 1)))
+        (CPY, its 64-column chunks of the row; a narrow row is one): the source is a row-stride-0 (rows, cols)
+        view (rows: the copy's rows a pass), so the thread's row coordinate drops out."""
+        src = cute.make_tensor(base + cute.assume(off, divby=VEC), cute.make_layout((rows, cols), stride=(0, 1)))
         cute.copy(g2s, thr.partition_S(src)[None, 0, None], dst)
 
     @cute.jit
@@ -238,29 +253,41 @@ class SdpaDecode:
         """copy_row of a K/V row at byte offset off_bytes from base_bytes (a Uint8 pointer): byte offsets
         let the page term be one wide multiply-add into the address (kv_thread_bases)."""
         row = cute.recast_ptr(base_bytes + cute.assume(off_bytes, divby=16), dtype=self.MMA_DTYPE)
-        self.copy_row(g2s, thr, row, Int64(0), dst, self.KV_PITCH)
+        self.copy_row(g2s, thr, row, Int64(0), dst, self.RPP, self.KV_PITCH)
 
     @cute.jit
-    def load_pages(self, ctx, m):
-        """Page-table entries of block m into ctx.pg (0 for pages at or past hi: never used)."""
+    def load_pages(self, ctx, tid, m):
+        """Page-table entries of block m into ctx.pg (0 for pages at or past hi: never used): the block's
+        j-th page in pg[j], or (PG_PER_ROW) the page of the thread's row of copy pass j."""
         # (tensors written inside staged branches are plain locals: an attribute store through ctx
         # would make the tracer thread ctx itself through the branch)
         pg = ctx.pg
         t0 = ctx.lo + m * self.BN
         row = ctx.pt_row_ptr + Int64(t0 >> self.LOG2_P) * ctx.pt_stride_p  # the block's first entry
-        for j in cutlass.range_constexpr(self.N_PG):
-            tok = t0 + j * self.page if cutlass.const_expr(self.page < self.BN) else t0
-            pg[j] = Int32(0)
-            if tok < ctx.hi:
-                pg[j] = row[Int64(j) * ctx.pt_stride_p] if cutlass.const_expr(j > 0) else row[0]
+        if cutlass.const_expr(self.PG_PER_ROW):
+            # pass j's rows RPP j + r of the block (r = tid / TPR) lie in its page (RPP j + r) / P
+            first = (tid >> self.LOG2_TPR) >> self.LOG2_P
+            for j in cutlass.range_constexpr(self.N_PG):
+                e = first + j * (self.RPP // self.page)
+                pg[j] = Int32(0)
+                if t0 + e * self.page < ctx.hi:
+                    pg[j] = row[Int64(e) * ctx.pt_stride_p]
+        else:
+            for j in cutlass.range_constexpr(self.N_PG):
+                tok = t0 + j * self.page if cutlass.const_expr(self.page < self.BN) else t0
+                pg[j] = Int32(0)
+                if tok < ctx.hi:
+                    pg[j] = row[Int64(j) * ctx.pt_stride_p] if cutlass.const_expr(j > 0) else row[0]
 
     @cute.jit
     def kv_thread_bases(self, ctx, tid, k, v, k_strides, v_strides):
         """K's and V's byte pointers at this thread's fixed part of every row it copies (loop-invariant, so
         load_tile adds only the page's or token's term): kv head, the row's token within its page (t0 is a
-        multiple of BN, so for P <= BN it is (tid >> 3) + 16 j mod P, whose j part load_tile adds), and for
+        multiple of BN, so for P <= BN it is r + RPP j mod P, r = tid / TPR, whose j part load_tile adds), and for
         dense KV the sequence. Returns (k_base, v_base, K's (page, token) byte strides, V's)."""
-        r = tid >> 3
+        r = tid >> self.LOG2_TPR
+        if cutlass.const_expr(self.PG_PER_ROW):
+            r = r & (self.page - 1)  # the row's token within its page (the page: load_pages)
         elem = 1 if cutlass.const_expr(self.KV8) else self.dtype.width // 8  # the pools' bytes an element
         out = []
         for base, (s_page, s_tok, s_head) in ((k, k_strides), (v, v_strides)):
@@ -274,14 +301,14 @@ class SdpaDecode:
     @cute.jit
     def load_tile(self, ctx, tid, slot, m, is_v: cutlass.Constexpr):
         """cp.async K (or V) of block m into ring slot `slot`; rows >= hi zero-filled. Row j of the thread
-        is token t0 + (tid >> 3) + 16 j: its address is the thread's base (kv_thread_bases) plus the page
-        term (paged) or t0's (dense) and, where the rows of a page span passes, 16 j's."""
+        is token t0 + tid / TPR + RPP j: its address is the thread's base (kv_thread_bases) plus the page
+        term (paged) or t0's (dense) and, where the rows of a page span passes, RPP j's."""
         if m < ctx.n_blocks:
             g2s = ctx.g2s_kv
             thr = g2s.get_slice(tid)
             ring_off = cute.assume(slot * self.TILE, divby=512)
             sT = cute.make_tensor(ctx.ring_ptr + ring_off, ctx.tile_layout)
-            tXs = thr.partition_D(sT)  # (CPY, BN/16, KV_PITCH/64)
+            tXs = thr.partition_D(sT)  # (CPY, BN/RPP, KV_PITCH/64 or 1)
             base = ctx.v_base if cutlass.const_expr(is_v) else ctx.k_base
             s_page, s_tok = ctx.v_strides if cutlass.const_expr(is_v) else ctx.k_strides
             t0 = ctx.lo + m * self.BN
@@ -290,14 +317,14 @@ class SdpaDecode:
                 tile_off = Int64(t0) * s_tok
             elif cutlass.const_expr(self.page > self.BN):  # the block starts inside its page
                 tile_off = Int64(t0 & (self.page - 1)) * s_tok
-            tok0 = t0 + (tid >> 3)
+            tok0 = t0 + (tid >> self.LOG2_TPR)
             pgs = [ctx.pg[i] for i in range(self.N_PG)] if cutlass.const_expr(self.PAGED) else []
             if cutlass.const_expr(self.KV_PAD):
-                # fp8 D64: the threads of a row's first KV_COLS / 8 chunks copy it (the others would read past
-                # the row); the atom's other half is never read
-                in_row = (tid & 7) * VEC < self.KV_COLS
+                # fp8 D64 unpacked: the threads of a row's first KV_COLS / 8 chunks copy it (the others would read
+                # past the row); the atom's other half is never read
+                in_row = (tid & (self.TPR - 1)) * VEC < self.KV_COLS
                 for j in cutlass.range_constexpr(self.ROW_ITERS):
-                    if in_row and tok0 + 16 * j < ctx.hi:
+                    if in_row and tok0 + self.RPP * j < ctx.hi:
                         self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
                                          tXs[None, j, None])
                     else:
@@ -308,7 +335,7 @@ class SdpaDecode:
                                      tXs[None, j, None])
             else:
                 for j in cutlass.range_constexpr(self.ROW_ITERS):
-                    if tok0 + 16 * j < ctx.hi:
+                    if tok0 + self.RPP * j < ctx.hi:
                         self.copy_kv_row(g2s, thr, base, self.row_offset(j, tile_off, pgs, s_page, s_tok),
                                          tXs[None, j, None])
                     else:
@@ -317,15 +344,20 @@ class SdpaDecode:
     @cute.jit
     def row_offset(self, j: cutlass.Constexpr, tile_off, pgs, s_page, s_tok):
         """Byte offset of the thread's row j of a tile from its base (kv_thread_bases): the tile's token term,
-        the row's page term (pgs: the block's page ids) and, where the rows of a page span passes (P <= BN) or
-        the block is a run of tokens (P > BN, dense), 16 j's."""
+        the row's page term (pgs: the block's page ids, or PG_PER_ROW the thread's row's) and, where the rows
+        of a page span passes (RPP <= P <= BN) or the block is a run of tokens (P > BN, dense), RPP j's."""
         off = tile_off
         if cutlass.const_expr(self.PAGED):
-            pg = pgs[(16 * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
+            if cutlass.const_expr(self.PG_PER_ROW):
+                pg = pgs[j]
+            else:
+                pg = pgs[(self.RPP * j) // self.page if cutlass.const_expr(self.page < self.BN) else 0]
             # page ids are non-negative (the caller's contract): widened unsigned, the term is one 32 x 64-bit
             # multiply-add
             off = off + Int64(cutlass.Uint32(pg)) * s_page
-        j_rows = 16 * (j % (self.page // 16)) if cutlass.const_expr(self.PAGED and self.page <= self.BN) else 16 * j
+        j_rows = self.RPP * j
+        if cutlass.const_expr(self.PAGED and self.page <= self.BN):
+            j_rows = self.RPP * (j % (self.page // self.RPP)) if cutlass.const_expr(self.page >= self.RPP) else 0
         if cutlass.const_expr(j_rows > 0):
             off = off + Int64(j_rows) * s_tok
         return off
@@ -345,7 +377,7 @@ class SdpaDecode:
         self.load_tile(ctx, tid, t_issue % self.SLOTS, m, is_v)
         cute.arch.cp_async_commit_group()
         if cutlass.const_expr(self.PAGED and is_v):
-            self.load_pages(ctx, m + 1)
+            self.load_pages(ctx, tid, m + 1)
 
     @cute.jit
     def prologue(self, ctx):
@@ -360,11 +392,11 @@ class SdpaDecode:
         if rr < ctx.n_rows:
             i = rr // ctx.group
             h = ctx.kvh * ctx.group + (rr - i * ctx.group)
-            self.copy_row(g2s, thr, q, self.q_offset(ctx, i, h), tQs[None, 0, None], self.D)
+            self.copy_row(g2s, thr, q, self.q_offset(ctx, i, h), tQs[None, 0, None], 16, self.D)
         else:
             tQs[None, 0, None].fill(0)
         if cutlass.const_expr(self.PAGED):
-            self.load_pages(ctx, Int32(0))
+            self.load_pages(ctx, tid, Int32(0))
         for t in cutlass.range_constexpr(self.SLOTS - 1):
             self.issue(ctx, tid, Int32(t), Int32(t // 2), t % 2 == 1)
 
@@ -384,7 +416,7 @@ class SdpaDecode:
         wn = tid >> 5
         zero = cute.assume(opaque_i32(Int32(0)), divby=512)
         sQ = cute.make_tensor(ctx.sQ_mma + zero, ctx.q_layout)
-        k_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        k_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * self.ATOM_W), divby=512)
         sK = cute.make_tensor(ctx.ring_ptr + k_off, ctx.warp_layout)  # (KW, KV_COLS): this warp's keys
 
         mma = ctx.mma
@@ -472,7 +504,7 @@ class SdpaDecode:
 
         lane = tid & 31
         wn = tid >> 5
-        v_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * ATOM_COLS), divby=512)
+        v_off = cute.assume((t % self.SLOTS) * self.TILE + wn * (self.KW * self.ATOM_W), divby=512)
         sV = cute.make_tensor(ctx.ring_ptr + v_off, ctx.warp_layout)  # (KW, KV_COLS): this warp's keys
         mma = ctx.mma
         thr_mma = mma.get_slice(lane)
@@ -816,10 +848,10 @@ class SdpaDecode:
             merge_ptr=cute.recast_ptr(sQ_ptr, dtype=Float32),
             q_layout=smem_tile_layout(_ROWS, self.D),
             tile_layout=tile_layout,
-            # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*64 elements
+            # rows [0, KW) of a tile: the layout of a warp's keys at offset wn*KW*ATOM_W elements
             warp_layout=cute.local_tile(cute.make_tensor(ring_ptr, tile_layout), (self.KW, self.KV_COLS), (0, 0)).layout,
             g2s=make_g2s(self.dtype, _THREADS),
-            g2s_kv=make_g2s(self.MMA_DTYPE, _THREADS),
+            g2s_kv=make_g2s(self.MMA_DTYPE, _THREADS, self.TPR * VEC),
             mma=tiled_mma,
             s2r_Q=cute.make_tiled_copy_A(ldsm, tiled_mma),
             s2r_K=cute.make_tiled_copy_B(ldsm, tiled_mma),

@@ -11,6 +11,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 DTYPES = {"fp16": cutlass.Float16, "bf16": cutlass.BFloat16}
 VEC = 8          # 16-bit elements per 128-bit access
 ATOM_COLS = 64   # columns of the smem swizzle atom (128 bytes)
+NARROW_COLS = 32  # columns of a narrow tile's atom (64 bytes: fp8 D64's rows, smem_tile_layout)
 
 
 @dsl_user_op
@@ -59,17 +60,29 @@ def acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
 def smem_tile_layout(rows: int, cols: int):
     """(rows, cols) in 8x64 atoms, XOR-swizzled 16-byte chunks (Swizzle<3,3,3>): conflict-free
     128-bit cp.async stores and ldmatrix loads. The swizzle acts on offset bits < 9 (elements), so a
-    view of it at any base offset that is a multiple of 512 elements stays consistent."""
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, ATOM_COLS), stride=(ATOM_COLS, 1)))
+    view of it at any base offset that is a multiple of 512 elements stays consistent. A 32-column tile
+    (64-byte rows: fp8 D64's e4m3 rows as 16-bit pairs) takes 8x32 atoms (Swizzle<2,3,3>: two rows a 128-byte
+    line, the 8 rows of an ldmatrix still on 8 distinct groups of 4 banks; offset bits < 8)."""
+    if cols == NARROW_COLS:
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(2, 3, 3), 0, cute.make_layout((8, NARROW_COLS), stride=(NARROW_COLS, 1)))
+    else:
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, ATOM_COLS), stride=(ATOM_COLS, 1)))
     return cute.tile_to_shape(atom, (rows, cols), (0, 1))
 
 
-def make_g2s(dtype, threads: int):
-    """128-bit cp.async, 8 threads along a 64-column row, threads/8 rows per pass."""
+def atom_cols(cols: int) -> int:
+    """Columns of the swizzle atom of a (., cols) smem_tile_layout: a row offset r within a tile is r * this."""
+    return NARROW_COLS if cols == NARROW_COLS else ATOM_COLS
+
+
+def make_g2s(dtype, threads: int, row_cols: int = ATOM_COLS):
+    """128-bit cp.async, row_cols / 8 threads along a row of row_cols (64, or 32 for a narrow tile)
+    columns, threads * 8 / row_cols rows per pass."""
     atom = cute.make_copy_atom(
         cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
-    cols = ATOM_COLS // VEC
+    cols = row_cols // VEC
     return cute.make_tiled_copy_tv(
         atom, cute.make_layout((threads // cols, cols), stride=(cols, 1)), cute.make_layout((1, VEC)))
 
