@@ -131,7 +131,7 @@ def _gather_errors(kv: str, head_dim: int, kv_dtype: str | None, keys_per_warp: 
                             errors.append(f"lo {lo} hi {hi} block {m} thread {tid}: reads page-table entry {e[1]}")
                     want = {}
                     # unpacked fp8 D64: a row's threads past its 32 columns copy nothing (their half-atom is zeros)
-                    idle = k.KV_PAD and (tid % k.TPR) * 8 >= k.KV_COLS
+                    idle = k.KV_PAD and (tid % k.TPR) * kernel.VEC >= k.KV_COLS
                     if m < n_blocks:
                         for j in range(k.ROW_ITERS):
                             t = lo + m * BN + tid // k.TPR + k.RPP * j

@@ -153,7 +153,7 @@ class SdpaDecode:
         self.KV_PITCH = self.KV_COLS if t.packed_rows else max(self.KV_COLS, ATOM_COLS)
         self.KV_PAD = self.KV_COLS < self.KV_PITCH
         self.ATOM_W = atom_cols(self.KV_PITCH)   # a tile row's offset within its atom column (the warp views')
-        self.TPR = min(self.KV_PITCH, ATOM_COLS) // VEC  # copy threads a row
+        self.TPR = self.ATOM_W // VEC            # copy threads a row
         self.LOG2_TPR = self.TPR.bit_length() - 1
         self.RPP = _THREADS // self.TPR          # rows a copy pass covers: 16, or 32 for narrow rows
         self.KW = KW = t.keys_per_warp

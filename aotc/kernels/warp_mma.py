@@ -63,12 +63,10 @@ def smem_tile_layout(rows: int, cols: int):
     view of it at any base offset that is a multiple of 512 elements stays consistent. A 32-column tile
     (64-byte rows: fp8 D64's e4m3 rows as 16-bit pairs) takes 8x32 atoms (Swizzle<2,3,3>: two rows a 128-byte
     line, the 8 rows of an ldmatrix still on 8 distinct groups of 4 banks; offset bits < 8)."""
-    if cols == NARROW_COLS:
-        atom = cute.make_composed_layout(
-            cute.make_swizzle(2, 3, 3), 0, cute.make_layout((8, NARROW_COLS), stride=(NARROW_COLS, 1)))
-    else:
-        atom = cute.make_composed_layout(
-            cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, ATOM_COLS), stride=(ATOM_COLS, 1)))
+    width = atom_cols(cols)
+    chunks_log2 = (width // VEC).bit_length() - 1  # 16-byte chunks of an atom row: 8 (Swizzle<3,3,3>) or 4 (<2,3,3>)
+    atom = cute.make_composed_layout(
+        cute.make_swizzle(chunks_log2, 3, 3), 0, cute.make_layout((8, width), stride=(width, 1)))
     return cute.tile_to_shape(atom, (rows, cols), (0, 1))
 
 
