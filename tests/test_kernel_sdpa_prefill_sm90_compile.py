@@ -86,6 +86,21 @@ def test_fp8_variant(tmp_path, head_dim):
         kernel.SdpaPrefillSm90(v, tile(64, 128))
 
 
+def test_boxes_inside_a_page_compile_as_page_16s(tmp_path):
+    """D256's 80-key kv blocks over pages of 32: 16-row TMA boxes inside a page (kv_box_rows), each with its own
+    row in its page (tests/test_prefill_sm90_paged_boxes.py checks the coordinates). The kernel compiles as the
+    page-16 one does: as many TMA loads, no spills, the same shared memory."""
+    built = {}
+    for page in (16, 32):
+        v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=256, layout=f"paged{page}",
+                         causal=True, block_n=80)
+        built[page] = kernel.compile(v, dump_dir=str(tmp_path / str(page)), keep_ptx=True)
+        assert kernel.SdpaPrefillSm90(v).kv_rows == 16 and built[page].frame_bytes == 0
+    loads = {p: len(re.findall(r"cp\.async\.bulk\.tensor\.4d", b.ptx)) for p, b in built.items()}
+    assert loads[32] == loads[16] > 0
+    assert built[32].launch.dynamic_smem == built[16].launch.dynamic_smem == tile(256, 80).smem_bytes(256)
+
+
 @pytest.mark.parametrize("block_n", [128, 176])
 def test_family_records_the_tma_recipe(block_n):
     fam = get_family("sdpa_prefill_sm90")

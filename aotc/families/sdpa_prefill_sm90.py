@@ -43,6 +43,7 @@ other lengths stays balanced. Ragged (unpaged) calls enumerate theirs the same w
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..common.abi import LaunchFacts, Param, ptr, scalars
@@ -138,6 +139,14 @@ def page_fits(page: int, block_n: int) -> bool:
     return block_n % page == 0 if page < block_n else page % block_n == 0
 
 
+def kv_box_rows(page: int, block_n: int) -> int:
+    """Rows of one K/V TMA box of a paged kernel: the largest that tiles a kv block and lies inside one page
+    wherever a block starts, gcd(page, block_n): a whole page (page_fits, page < block_n), the block (page_fits,
+    page >= block_n), or 16 rows where neither divides the other (block_n 80 or 176 over pages of 32-128; the
+    kernel gathers those, page_fits does not list them)."""
+    return math.gcd(page, block_n)
+
+
 def tile(head_dim: int, block_n: int, fp8: bool = False) -> Tile:
     """The tile of a (head dim, block_n) variant; fp8 KV: FP8_TILES's."""
     return FP8_TILES[head_dim, block_n] if fp8 else TILES[head_dim, block_n]
@@ -195,7 +204,7 @@ def tma_recipe(variant: Variant, block_n: int) -> dict:
     are whole e4m3 rows (D bytes), swizzled over a row's bytes (128, or 64 at D64), into the staging rings
     (kv_box_cols, kv_swizzle_bytes; a record without them: box_cols and swizzle_bytes, as Q's)."""
     page = page_size(variant)
-    kv_rows = min(page, block_n) if page else block_n
+    kv_rows = kv_box_rows(page, block_n) if page else block_n
     fp8 = ({"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": min(128, variant["head_dim"])}
            if kv_fp8(variant) else {})
     return {

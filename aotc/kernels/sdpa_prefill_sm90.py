@@ -65,8 +65,8 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_fp8, launch_facts,
-                                          page_fits, page_size)
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_box_rows, kv_fp8,
+                                          launch_facts, page_size)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -158,9 +158,11 @@ class SdpaPrefillSm90:
         # (PersistentTiles.drawn_plan)
         self.draws_tiles = draws_tiles(variant)
         if self.paged:
-            if not page_fits(self.page, bn) or self.page & (self.page - 1):
-                raise ValueError(f"page size {self.page} does not fit kv blocks of {bn} keys")
-            self.kv_rows = min(self.page, bn)    # rows of one K/V TMA box: one page, or a block inside one
+            # rows of one K/V TMA box (kv_box_rows): a whole page, a block inside one page, or, where neither
+            # divides the other (D256's 80 keys over pages of 32-128), 16 rows inside one page
+            if self.page & (self.page - 1):
+                raise ValueError(f"page size {self.page} is not a power of two")
+            self.kv_rows = kv_box_rows(self.page, bn)
             self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
             self.log2_page = self.page.bit_length() - 1
         if self.ragged:
@@ -330,28 +332,32 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
-        """K or V of kv block n from its pages (pg: page_id() of each lane), box j into rows
-        [j * kv_rows, (j + 1) * kv_rows); the whole warp calls it, one lane issues. fp8 KV: into the staging
-        ring, one box of whole e4m3 rows (D bytes, swizzled over a row's bytes) a page."""
+        """K or V of kv block n from its pages (pg: page_id() of each lane), box j (kv_rows rows inside one page,
+        from row (n * block_n + j * kv_rows) % page) into rows [j * kv_rows, (j + 1) * kv_rows); the whole warp
+        calls it, one lane issues. fp8 KV: into the staging ring, each box of whole e4m3 rows (D bytes, swizzled
+        over a row's bytes)."""
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bars + full(stage), self.kv_tx)
-        row = Int32(0)
-        if cutlass.const_expr(self.page > self.bn):
+        row = Int32(0)  # the box's first row in its page: 0 where a box is a whole page
+        if cutlass.const_expr(self.page > self.kv_rows):
             row = (n * self.bn) & (self.page - 1)
         for j in cutlass.range_constexpr(self.kv_boxes):
             page = cute.arch.shuffle_sync(pg, j)
+            box_row = row
+            if cutlass.const_expr(j > 0 and self.page > self.kv_rows):  # boxes of a part of a page: each its own row
+                box_row = (row + j * self.kv_rows) & (self.page - 1)
             with cute.arch.elect_one():
                 if cutlass.const_expr(self.fp8):
                     prims.cp_async_bulk_tensor_shared_cta_global(
                         base + (stage * self.bn * self.D + j * self.kv_rows * self.D), tma.get_ptr(),
-                        [0, row, kv_head, page], bars + full(stage))
+                        [0, box_row, kv_head, page], bars + full(stage))
                 else:
                     for c in cutlass.range_constexpr(self.chunks):
                         prims.cp_async_bulk_tensor_shared_cta_global(
                             base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS + j * self.kv_rows * TMA_BOX_COLS),
-                            tma.get_ptr(), [c * TMA_BOX_COLS, row, kv_head, page], bars + full(stage))
+                            tma.get_ptr(), [c * TMA_BOX_COLS, box_row, kv_head, page], bars + full(stage))
 
     @cute.jit
     def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):

@@ -46,8 +46,13 @@ CASES = [
     ("fp16", 128, 128, "HND", 32, 8, False),
     ("bf16", 64, 16, "HND", 8, 8, True),
     ("fp16", 64, 128, "NHD", 64, 8, False),
-    ("bf16", 256, 16, "NHD", 32, 8, False),  # D256 has page 16 only: its kv block of 80 keys fits no other
+    ("bf16", 256, 16, "NHD", 32, 8, False),
     ("fp16", 256, 16, "HND", 8, 8, True),
+    # D256 over pages its 80-key kv blocks are not whole pages of: the Hopper kernel's 16-row boxes where the
+    # bundle has them, else the portable kernel (the default bundle's; test_d256_pages_run_on_the_kernel_built)
+    ("bf16", 256, 32, "HND", 32, 8, False),
+    ("fp16", 256, 64, "NHD", 16, 8, True),
+    ("bf16", 256, 128, "NHD", 8, 8, False),
     # groups that do not divide the kernel's 64-row slabs (64 // group tokens a slab, the rest padding), and
     # the widest: Qwen2.5's 40/8 and 28/4, 12/4, 48/1, 64/1 (one token a slab)
     ("fp16", 64, 32, "HND", 40, 8, True),
@@ -234,6 +239,27 @@ def mixed_batch(rt, case, seqs, index, seed, label):
     io.poison()
     b.attend(rt, io, meta)
     b.check(step, io, f"{label} {case_id(case)} lse=None", lse=False, refs=refs)
+
+
+@pytest.mark.parametrize("page", [32, 64, 128])
+def test_d256_pages_run_on_the_kernel_built(rt, page):
+    """D256 at pages of 32-128: the Hopper kernel where the bundle has one for the page (16-row TMA boxes inside
+    a page: 80 keys a kv block), else the portable kernel; a mixed batch against the fp32 reference, and the
+    plan's family."""
+    import aotc.runtime
+    from aotc.runtime.attention_portable import HOPPER, PORTABLE
+
+    fresh = aotc.runtime.load(*rt.capabilities()["sources"])  # its plans are this test's alone
+    has_hopper = any(k.variant["layout"] == f"paged{page}" and k.variant["head_dim"] == 256
+                     for k in fresh.kernels.get(HOPPER, []))
+    gen = torch.Generator(device="cuda").manual_seed(700 + page)
+    seqs = [(1, 1000), (300, 700), (4, 130), (0, 33), (129, 129), (81, 2 * page + 79)]
+    b, step, io = PagedBatch.of(seqs, page, 16, 8, 256, "bf16", "NHD", gen)
+    b.cache.poison(POISON)
+    skip_without_kernel(lambda: b.attend(fresh, io, b.metadata(step), lse=io.lse, max_seqlen_q=300))
+    b.check(step, io, f"D256 page {page}")
+    families = {p.prefill_family for p in fresh.plans.values() if hasattr(p, "prefill_family")}
+    assert families == {HOPPER if has_hopper else PORTABLE}, families
 
 
 def test_rows_that_see_no_key(rt):

@@ -1,0 +1,160 @@
+"""sdpa_prefill_sm90's paged K/V loads, run as plain Python: the kernel's own page_id and load_kv_paged (their
+source, the DSL decorators dropped, the warp's lanes run one after another, TMA copies and page-table reads
+recorded), for every kv block of sequences ending anywhere, against the pool layout:
+
+    key t of the sequence = row t % P of page page_table[b, t // P]
+
+Each TMA box must land key t in ring row t % block_n of its stage, start inside a page and end inside the same
+one, read page-table entries of the sequence's own pages only, and name page -1 (TMA's zero fill) past its end;
+the expected bytes must be the boxes' bytes. Tiles: every (head dim, block_n) at every page size, whole pages a
+box (page < block_n), a block inside a page (page >= block_n), and boxes of 16 rows where neither divides the
+other (D256's 80 keys, D128's 176, over pages of 32-128); bf16 and fp8 pools. No GPU, no DSL compile."""
+import ast
+import contextlib
+import random
+import types
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from aotc.common.variant import Variant  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import FP8_TILES, TILES, kv_box_rows, page_fits, tma_recipe  # noqa: E402
+from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
+
+METHODS = ("page_id", "load_kv_paged")
+PAGES = (16, 32, 64, 128)
+
+
+class _Warp:
+    """The shims' state: which lane runs, what the elected lane issued, which page-table entries were read."""
+
+    def __init__(self, table):
+        self.lane, self.table, self.copies, self.reads, self.tx = 0, table, [], [], []
+        self.pages = None  # every lane's page_id() result, for shuffle_sync
+
+
+def _shims(warp: _Warp):
+    arch = types.SimpleNamespace(
+        mbarrier_wait=lambda *a: None,
+        mbarrier_arrive_and_expect_tx=lambda bar, tx: warp.tx.append(tx),
+        shuffle_sync=lambda value, src: warp.pages[src],
+        elect_one=contextlib.nullcontext)
+    cute = types.SimpleNamespace(arch=arch)
+    cutlass = types.SimpleNamespace(const_expr=lambda x: x, range_constexpr=lambda *a: range(*a))
+    prims = types.SimpleNamespace(
+        cp_async_bulk_tensor_shared_cta_global=lambda dst, tmap, coords, bar: warp.copies.append((dst, list(coords))))
+    return {"cute": cute, "cutlass": cutlass, "prims": prims, "Int32": int, "Int64": int,
+            "TMA_BOX_COLS": kernel.TMA_BOX_COLS}
+
+
+class _PageTable:
+    def __init__(self, warp):
+        self.warp = warp
+
+    def __getitem__(self, i):
+        self.warp.reads.append(i)
+        return self.warp.table[i]
+
+
+def _plain(k, warp: _Warp, source: str):
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "SdpaPrefillSm90")
+    funcs = [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name in METHODS]
+    assert sorted(f.name for f in funcs) == sorted(METHODS)
+    for f in funcs:
+        f.decorator_list = []
+    ns = _shims(warp)
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), kernel.__file__, "exec"), ns)
+    obj = types.SimpleNamespace(**{a: getattr(k, a) for a in ("bn", "D", "page", "kv_rows", "kv_boxes", "log2_page",
+                                                               "chunks", "fp8", "kv_tx")})
+    obj.ring = lambda g: (g % k.stages, (g // k.stages) & 1)
+    for name in METHODS:
+        setattr(obj, name, types.MethodType(ns[name], obj))
+    return obj
+
+
+def _kernel(head_dim: int, block_n: int, page: int, fp8: bool):
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=f"paged{page}",
+                     causal=True, block_n=block_n, kv_dtype="fp8_e4m3" if fp8 else "bf16")
+    return kernel.SdpaPrefillSm90(v)
+
+
+def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str | None = None) -> tuple[list, object]:
+    k = _kernel(head_dim, block_n, page, fp8)
+    P, BN, D = page, block_n, head_dim
+    elem = 1 if fp8 else 2
+    table = random.Random(7).sample(range(1, 50000), 64)  # distinct page ids
+    pt_row, pt_stride = 5, 3  # the sequence's page-table row starts at entry 5, its pages 3 entries apart
+    warp = _Warp({pt_row + i * pt_stride: pg for i, pg in enumerate(table)})
+    obj = _plain(k, warp, source or open(kernel.__file__).read())
+    base, stages, kv_head = 1 << 20, k.stages, 3
+    errors = []
+    for s_kv in sorted({1, 15, 16, 17, BN - 1, BN, BN + 1, P - 1, P, P + 1, 3 * P + 5, 5 * BN + 7, 1000}):
+        ctx = types.SimpleNamespace(s_kv=s_kv, page_table=_PageTable(warp), pt_row=pt_row, pt_stride_p=pt_stride)
+        for n in range(-(-s_kv // BN)):
+            warp.copies, warp.reads, warp.tx = [], [], []
+            warp.pages = [obj.page_id(ctx, n, lane) for lane in range(32)]
+            g = n + 3  # a ring position: the stage follows from it
+            obj.load_kv_paged(types.SimpleNamespace(get_ptr=lambda: None), base, lambda s: 2 * s, lambda s: 2 * s + 1, g, n, None, kv_head, 0)
+            where = f"s_kv {s_kv} block {n}"
+            for i in warp.reads:
+                if (i - pt_row) % pt_stride or not 0 <= (i - pt_row) // pt_stride * P < s_kv:
+                    errors.append(f"{where}: reads page-table entry {i}, not one of the sequence's pages")
+            box_bytes = k.kv_rows * (D if fp8 else kernel.TMA_BOX_COLS) * elem
+            if warp.tx != [k.kv_tx] or len(warp.copies) * box_bytes != k.kv_tx:
+                errors.append(f"{where}: expects {warp.tx} bytes, {len(warp.copies)} boxes of {box_bytes} bring "
+                              f"{len(warp.copies) * box_bytes}")
+            stage_base = base + (g % stages) * BN * D  # (pointer arithmetic: in elements of the ring)
+            landed = {}  # (column chunk, ring row) -> (page, page row)
+            for dst, (col, row, head, pg) in warp.copies:
+                off = dst - stage_base
+                chunk = col // kernel.TMA_BOX_COLS
+                ring_row = (off - (0 if fp8 else chunk * BN * kernel.TMA_BOX_COLS)) // (D if fp8 else kernel.TMA_BOX_COLS)
+                if head != kv_head or not 0 <= row or row + k.kv_rows > P:
+                    errors.append(f"{where}: box at page row {row} head {head} (rows {k.kv_rows}, page {P})")
+                for r in range(k.kv_rows):
+                    landed[chunk, ring_row + r] = (pg, row + r)
+            for chunk in range(1 if fp8 else D // kernel.TMA_BOX_COLS):
+                for r in range(BN):
+                    t = n * BN + r
+                    want = (table[t // P], t % P) if t < s_kv and (t - r % k.kv_rows) < s_kv else None
+                    got = landed.get((chunk, r))
+                    if t - r % k.kv_rows >= s_kv:  # a box starting past the end: page -1, zeros
+                        ok = got is not None and got[0] == -1
+                    elif t >= s_kv:  # past the end inside a box that starts before it: that page's rows (masked)
+                        ok = got == (table[t // P], t % P)
+                    else:
+                        ok = got == want
+                    if not ok:
+                        errors.append(f"{where}: chunk {chunk} ring row {r} (key {t}) gets {got}, wants {want}")
+    return errors, k
+
+
+CASES = ([(d, bn, p, False) for d, bn in TILES for p in PAGES]
+         + [(d, bn, p, True) for d, bn in FP8_TILES for p in PAGES])
+
+
+@pytest.mark.parametrize("head_dim,block_n,page,fp8", CASES)
+def test_every_key_lands_in_its_ring_row_from_its_page(head_dim, block_n, page, fp8):
+    errors, k = _box_errors(head_dim, block_n, page, fp8)
+    assert k.kv_rows == kv_box_rows(page, block_n) == (min(page, block_n) if page_fits(page, block_n) else 16)
+    assert errors == [], f"{len(errors)} wrong rows, e.g. {errors[:3]}"
+
+
+@pytest.mark.parametrize("page,block_n", [(32, 80), (128, 176), (16, 128), (128, 128)])
+def test_the_recorded_tma_recipe_boxes_the_kernels_rows(page, block_n):
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=256 if block_n == 80 else 128,
+                     layout=f"paged{page}", causal=True, block_n=block_n, kv_dtype="bf16")
+    recipe = tma_recipe(v, block_n)
+    rows = kernel.SdpaPrefillSm90(v).kv_rows
+    assert recipe["box_rows"] == {"q": 64, "k": rows, "v": rows}
+
+
+def test_the_emulation_sees_a_box_read_from_the_wrong_row():
+    """The check can fail: at page 32 under D256's 80-key blocks, every box taken from its block's first row in
+    the page (each box's own row dropped) reads half the keys from the wrong rows."""
+    source = open(kernel.__file__).read()
+    own_row = "box_row = (row + j * self.kv_rows) & (self.page - 1)"
+    assert source.count(own_row) == 1
+    errors, _ = _box_errors(256, 80, 32, False, source.replace(own_row, "box_row = row"))
+    assert errors and all("gets" in e for e in errors)
