@@ -59,7 +59,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.timing import graph_time, interleaved  # noqa: E402
+from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
 PAGE = 16
 CHUNK = 2048
@@ -178,18 +178,18 @@ def derive(row: dict, kind: str) -> None:
 
 # ---- on the GPU ------------------------------------------------------------------------------------------
 class Pool:
-    """bf16 NHD pools holding each sequence's s_kv keys in shuffled pages; the page table, seqlens_kv and
-    cu_seqlens_q (int32 on the GPU; cu_list on the host); q [total_q, H_q, D] (random) and out; the model's
-    score features as every call takes them (features: window_left, sinks)."""
+    """bf16 NHD pools holding each sequence's s_kv keys in shuffled pages of `page` tokens; the page table,
+    seqlens_kv and cu_seqlens_q (int32 on the GPU; cu_list on the host); q [total_q, H_q, D] (random) and out;
+    the model's score features as every call takes them (features: window_left, sinks)."""
 
-    def __init__(self, seqs, seed: int, model: Model):
+    def __init__(self, seqs, seed: int, model: Model = MODELS["llama"], page: int = PAGE):
         import torch
 
         self.seqs, self.model = tuple(seqs), model
         D, H_Q, H_KV = model.head_dim, model.heads_q, model.heads_kv
-        n_pages, self.rows = assign_pages([s_kv for _, s_kv in self.seqs], PAGE, seed)
+        n_pages, self.rows = assign_pages([s_kv for _, s_kv in self.seqs], page, seed)
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        self.k, self.v = (torch.randn(n_pages, PAGE, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
+        self.k, self.v = (torch.randn(n_pages, page, H_KV, D, dtype=torch.bfloat16, device="cuda", generator=gen)
                           for _ in range(2))
         self.pt = torch.tensor(page_table(self.rows), dtype=torch.int32, device="cuda")
         self.sl = torch.tensor([s_kv for _, s_kv in self.seqs], dtype=torch.int32, device="cuda")
@@ -294,6 +294,33 @@ def max_abs_err(pool: Pool, out, q=None, sinks: bool = True) -> float:
             return e
         err = max(err, e)
     return err
+
+
+def time_plans(pool: Pool, contenders: dict, flush, rounds: int) -> tuple[dict, dict]:
+    """Runtime.attention plans over `pool` side by side (the probes' A/B runs): contenders maps a name to
+    (runtime, prepare_attention keywords; "k" and "v" replace the pool's caches), each plan writes its own
+    NaN-poisoned out, runs once, is checked against fp32 attention, then all are timed in interleaved rounds of
+    CUDA graphs after L2 flushes. Returns (row fields: {name}_variant, {name}_family, {name}_max_abs_err,
+    {name}_us, {name}_spread; the median us by name)."""
+    import torch
+
+    cur = torch.cuda.current_stream
+    fns, outs, row = {}, {}, {}
+    for name, (rt, kw) in contenders.items():
+        kw = {"max_seqlen_q": pool.max_q, **kw}
+        k, v = kw.pop("k", pool.k), kw.pop("v", pool.v)
+        out = outs[name] = torch.full_like(pool.out, float("nan"))
+        plan = rt.prepare_attention(pool.q, k, v, out, pool.cu, pool.sl, pool.pt, **kw)
+        row[f"{name}_variant"] = getattr(getattr(plan, "variant", None), "name", None)
+        row[f"{name}_family"] = getattr(plan, "prefill_family", None)
+        fns[name] = lambda plan=plan, out=out, q=pool.q: plan(q, out, stream=cur())
+        fns[name]()
+    torch.cuda.synchronize()
+    row.update({f"{n}_max_abs_err": max_abs_err(pool, o) for n, o in outs.items()})
+    med, fields = medians(interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in fns.items()}, rounds),
+                          "us")
+    row.update(fields)
+    return row, med
 
 
 def _first(result):

@@ -127,3 +127,48 @@ def test_the_benchmark_imports_without_torch_and_explains_itself():
     assert r.returncode == 0, r.stderr
     for option in ("--bundle", "--fa3", "--out", "--quick", "--model", "gpt-oss-sliding"):
         assert option in r.stdout
+
+
+def test_time_plans_gives_each_contender_its_runtime_caches_and_bounds(monkeypatch):
+    """The probes' A/B helper without a GPU: torch, the timing and the reference stand in; each contender's plan
+    gets its own runtime, the pool's caches unless it names others, max_seqlen_q from the pool and its own
+    keywords, writes its own out, and its median comes back under its name."""
+    import sys
+    import types
+
+    import benchmarks.bench_paged_varlen as bench
+
+    calls = []
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=lambda: "stream", synchronize=lambda: None),
+                                  full_like=lambda x, v: {"like": x, "fill": v})
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+    class Plan:
+        def __init__(self, rt, out, kw):
+            self.rt, self.out, self.prefill_family = rt, out, rt + "_family"
+            self.variant = types.SimpleNamespace(name=rt + "_variant")
+            calls.append(("prepare", rt, kw))
+
+        def __call__(self, q, out, stream):
+            calls.append(("run", self.rt, out is self.out, stream))
+
+    class Rt:
+        def __init__(self, name):
+            self.name = name
+
+        def prepare_attention(self, q, k, v, out, cu, sl, pt, **kw):
+            return Plan(self.name, out, {"k": k, "v": v, **kw})
+
+    pool = types.SimpleNamespace(k="K", v="V", q="Q", out="O", cu="CU", sl="SL", pt="PT", max_q=7)
+    a, b = Rt("a"), Rt("b")
+    us = {"a": 2.0, "b": 3.0}
+    monkeypatch.setattr(bench, "max_abs_err", lambda pool, out: 0.5)
+    monkeypatch.setattr(bench, "graph_time", lambda fn, flush: (fn(), us[calls[-1][1]])[1])  # the plan that ran
+    fields, med = bench.time_plans(pool, {"one": (a, {"max_seqlen_kv": 9}), "two": (b, {"k": "K8", "v": "V8"})},
+                                   flush=None, rounds=3)
+    assert ("prepare", "a", {"k": "K", "v": "V", "max_seqlen_q": 7, "max_seqlen_kv": 9}) in calls
+    assert ("prepare", "b", {"k": "K8", "v": "V8", "max_seqlen_q": 7}) in calls
+    assert ("run", "a", True, "stream") in calls and ("run", "b", True, "stream") in calls
+    assert med == {"one": 2.0, "two": 3.0}
+    assert fields["one_variant"] == "a_variant" and fields["two_family"] == "b_family"
+    assert fields["one_max_abs_err"] == 0.5 and fields["two_us"] == 3.0 and fields["one_spread"] == 0.0

@@ -95,7 +95,8 @@ def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str |
             warp.copies, warp.reads, warp.tx = [], [], []
             warp.pages = [obj.page_id(ctx, n, lane) for lane in range(32)]
             g = n + 3  # a ring position: the stage follows from it
-            obj.load_kv_paged(types.SimpleNamespace(get_ptr=lambda: None), base, lambda s: 2 * s, lambda s: 2 * s + 1, g, n, None, kv_head, 0)
+            tma = types.SimpleNamespace(get_ptr=lambda: None)
+            obj.load_kv_paged(tma, base, lambda s: 2 * s, lambda s: 2 * s + 1, g, n, None, kv_head, 0)
             where = f"s_kv {s_kv} block {n}"
             for i in warp.reads:
                 if (i - pt_row) % pt_stride or not 0 <= (i - pt_row) // pt_stride * P < s_kv:
@@ -109,7 +110,8 @@ def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str |
             for dst, (col, row, head, pg) in warp.copies:
                 off = dst - stage_base
                 chunk = col // kernel.TMA_BOX_COLS
-                ring_row = (off - (0 if fp8 else chunk * BN * kernel.TMA_BOX_COLS)) // (D if fp8 else kernel.TMA_BOX_COLS)
+                row_elems = D if fp8 else kernel.TMA_BOX_COLS  # a ring row of the box's column chunk
+                ring_row = (off - (0 if fp8 else chunk * BN * kernel.TMA_BOX_COLS)) // row_elems
                 if head != kv_head or not 0 <= row or row + k.kv_rows > P:
                     errors.append(f"{where}: box at page row {row} head {head} (rows {k.kv_rows}, page {P})")
                 for r in range(k.kv_rows):

@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 20 + 30 + 24 + 6 + 20 + 10 + 8 + 4 + 7
+    assert len(s.variants) == 18 + 36 + 32 + 20 + 6 + 30 + 24 + 6 + 20 + 10 + 8 + 4 + 7
     assert len(set(s.variants)) == len(s.variants)
     # fp8 KV: bf16 queries over e4m3 pools, decode (dense and ragged Q) and the attention entry point's paged
     # kernel at D128 page 16, and the quantizing KV write; gpt-oss's (D64: the KV write, decode, the Hopper paged
@@ -83,8 +83,13 @@ def test_default_spec_loads():
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
-    assert {(v["layout"], v["strides"]) for v in prefill} == {("dense", "general"), ("dense", "packed"),
-                                                             ("ragged", "general")}
+    # the portable kernel: dense and ragged, and the serving entry point's D256 at the pages the Hopper
+    # kernel's 80-key blocks are not whole pages of (causal, general strides)
+    assert {(v["layout"], v["strides"]) for v in prefill if v["layout"] in ("dense", "ragged")} == {
+        ("dense", "general"), ("dense", "packed"), ("ragged", "general")}
+    assert {(v["dtype"], v["head_dim"], v["layout"], v["strides"], v["causal"]) for v in prefill
+            if v["layout"].startswith("paged")} == {
+        (dt, 256, f"paged{p}", "general", True) for dt in ("fp16", "bf16") for p in (32, 64, 128)}
     # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n), and
     # every page size a kv block neither holds whole nor fits in
     packed = [p for p in s.pruned if p.family == "sdpa_prefill"]

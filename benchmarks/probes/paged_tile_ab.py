@@ -19,8 +19,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from aotc.runtime.prefill import LONG_KV  # noqa: E402
-from benchmarks.bench_paged_varlen import Case, Pool, chunk_case, max_abs_err, rounded  # noqa: E402
-from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
+from benchmarks.bench_paged_varlen import Case, Pool, chunk_case, rounded, time_plans  # noqa: E402
 
 
 def main() -> None:
@@ -30,30 +29,21 @@ def main() -> None:
     args = ap.parse_args()
     rt = aotc.runtime.load(args.bundle)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
-    cur = torch.cuda.current_stream
     cases = [chunk_case(p) for p in (0, 2048, 4096)] + [
         Case("chunk512_prefix3584", "chunk", ((512, 4096),)),
         Case("mixed_chunk2048_prefix4096_decode63x4096", "mixed", ((2048, 6144),) + ((1, 4096),) * 63)]
     for case in cases:
         pool = Pool(case.seqs, seed=1)
         max_kv = max(s for _, s in case.seqs)
-        fns, outs, row = {}, {}, {"case": case.name, "max_seqlen_kv": max_kv}
-        for name, bound in (("n128", max_kv), ("n176", LONG_KV), ("aa", max_kv)):
-            out = outs[name] = torch.full_like(pool.out, float("nan"))
-            plan = rt.prepare_attention(pool.q, pool.k, pool.v, out, pool.cu, pool.sl, pool.pt, max_seqlen_q=pool.max_q,
-                                        max_seqlen_kv=bound,
-                                        min_seqlen_q=min(s_q for s_q, _ in case.seqs))
-            row[f"{name}_variant"] = plan.variant.name
-            fns[name] = lambda plan=plan, out=out, q=pool.q: plan(q, out, stream=cur())
-            fns[name]()
-        torch.cuda.synchronize()
-        row.update({f"{n}_max_abs_err": max_abs_err(pool, o) for n, o in outs.items()})
-        samples = interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in fns.items()}, args.rounds)
-        med, fields = medians(samples, "us")
+        row = {"case": case.name, "max_seqlen_kv": max_kv}
+        least_q = {"min_seqlen_q": min(s_q for s_q, _ in case.seqs)}
+        fields, med = time_plans(pool, {"n128": (rt, {"max_seqlen_kv": max_kv, **least_q}),
+                                        "n176": (rt, {"max_seqlen_kv": LONG_KV, **least_q}),
+                                        "aa": (rt, {"max_seqlen_kv": max_kv, **least_q})}, flush, args.rounds)
         row.update(fields)
         row.update(x_176=med["n128"] / med["n176"], x_aa=med["n128"] / med["aa"])
         print(json.dumps(rounded(row)), flush=True)
-        del pool, fns, outs
+        del pool
         torch.cuda.empty_cache()
 
 
