@@ -83,7 +83,7 @@ def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str |
     k = _kernel(head_dim, block_n, page, fp8)
     P, BN, D = page, block_n, head_dim
     elem = 1 if fp8 else 2
-    table = random.Random(7).sample(range(1, 50000), 64)  # distinct page ids
+    table = random.Random(7).sample(range(1, 50000), 512)  # distinct page ids, more than any sequence here owns
     pt_row, pt_stride = 5, 3  # the sequence's page-table row starts at entry 5, its pages 3 entries apart
     warp = _Warp({pt_row + i * pt_stride: pg for i, pg in enumerate(table)})
     obj = _plain(k, warp, source or open(kernel.__file__).read())
@@ -109,6 +109,8 @@ def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str |
             landed = {}  # (column chunk, ring row) -> (page, page row)
             for dst, (col, row, head, pg) in warp.copies:
                 off = dst - stage_base
+                if (off * elem) % 1024:  # the 128-byte swizzle (64 at fp8 D64) repeats every 1024 bytes
+                    errors.append(f"{where}: a box lands {off * elem} bytes into its stage, off the swizzle atom")
                 chunk = col // kernel.TMA_BOX_COLS
                 row_elems = D if fp8 else kernel.TMA_BOX_COLS  # a ring row of the box's column chunk
                 ring_row = (off - (0 if fp8 else chunk * BN * kernel.TMA_BOX_COLS)) // row_elems
@@ -143,13 +145,23 @@ def test_every_key_lands_in_its_ring_row_from_its_page(head_dim, block_n, page, 
     assert errors == [], f"{len(errors)} wrong rows, e.g. {errors[:3]}"
 
 
-@pytest.mark.parametrize("page,block_n", [(32, 80), (128, 176), (16, 128), (128, 128)])
-def test_the_recorded_tma_recipe_boxes_the_kernels_rows(page, block_n):
-    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=256 if block_n == 80 else 128,
-                     layout=f"paged{page}", causal=True, block_n=block_n, kv_dtype="bf16")
-    recipe = tma_recipe(v, block_n)
-    rows = kernel.SdpaPrefillSm90(v).kv_rows
-    assert recipe["box_rows"] == {"q": 64, "k": rows, "v": rows}
+@pytest.mark.parametrize("head_dim,block_n,page,fp8", CASES)
+def test_the_recorded_tma_recipe_boxes_the_kernels_rows(head_dim, block_n, page, fp8):
+    """What the runtime encodes the pool's descriptors from (the bundle's recipe) is what the kernel loads."""
+    k = _kernel(head_dim, block_n, page, fp8)
+    recipe = tma_recipe(k.variant, block_n)
+    assert recipe["box_rows"] == {"q": 64, "k": k.kv_rows, "v": k.kv_rows}
+    box_cols = recipe.get("kv_box_cols", recipe["box_cols"])  # fp8: whole e4m3 rows
+    assert k.kv_boxes * k.kv_rows == block_n and k.kv_tx == k.kv_boxes * k.kv_rows * head_dim * (1 if fp8 else 2)
+    assert box_cols == (head_dim if fp8 else kernel.TMA_BOX_COLS)
+
+
+def test_a_page_of_fewer_than_16_tokens_is_refused():
+    """Boxes of 8 rows would put fp8 D64's boxes off the 1024-byte swizzle atom; the layouts have no such page."""
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout="paged8", causal=True,
+                     block_n=128, kv_dtype="bf16")
+    with pytest.raises(ValueError, match="page size 8: a power of two of at least 16 tokens"):
+        kernel.SdpaPrefillSm90(v)
 
 
 def test_the_emulation_sees_a_box_read_from_the_wrong_row():

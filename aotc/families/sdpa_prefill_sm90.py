@@ -26,9 +26,9 @@ cu_seqlens_q (any query count per sequence, 0 included); K/V in pools of pages o
 NHD [pages, P, H_kv, D] or HND [pages, H_kv, P, D]; sequence b's token t lives in page
 page_table[b, t // P] at slot t % P; seqlens_kv[b] = its full KV length (the new tokens included),
 so causal is bottom-right per sequence. K and V descriptors are rank 4 over the pool, dims
-(D, P, H_kv, pages) with byte strides (token, head, page): one TMA box is min(P, block_n) rows of
-one page, a kv block min(P, block_n) / block_n boxes per 64 columns. A box of tokens past the
-sequence's end is loaded from page -1 (out of bounds: zeros); a page id the caller put out of
+(D, P, H_kv, pages) with byte strides (token, head, page): one TMA box is kv_box_rows(P, block_n)
+= gcd(P, block_n) rows inside one page, a kv block block_n / that many boxes per 64 columns. A box
+of tokens past the sequence's end is loaded from page -1 (out of bounds: zeros); a page id the caller put out of
 [0, pages) reads zeros too, never another allocation. The rows past seqlens_kv inside a
 sequence's last page are masked out of the scores, and the kernel zeroes them in shared memory
 before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.

@@ -160,9 +160,11 @@ class SdpaPrefillSm90:
         if self.paged:
             # rows of one K/V TMA box (kv_box_rows): a whole page, a block inside one page, or, where neither
             # divides the other (D256's 80 keys over pages of 32-128), 16 rows inside one page
-            if self.page & (self.page - 1):
-                raise ValueError(f"page size {self.page} is not a power of two")
             self.kv_rows = kv_box_rows(self.page, bn)
+            # (16 rows keep every box's place in the ring a multiple of the 1024-byte swizzle atom, fp8 D64's too)
+            if self.page & (self.page - 1) or self.kv_rows % 16:
+                raise ValueError(f"page size {self.page}: a power of two of at least 16 tokens is needed (kv blocks of "
+                                 f"{bn} keys load as boxes of {self.kv_rows} rows)")
             self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
             self.log2_page = self.page.bit_length() - 1
         if self.ragged:

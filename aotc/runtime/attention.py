@@ -268,8 +268,9 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
 def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
     """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 // group tokens), one
     GQA-packed 64-row slab (its last 64 % group rows left as they are: padding); K and V rank 4 over the pool,
-    (D, page, H_kv, pages), one box a page's rows (or a kv block's inside one page); an fp8 pool's boxes are
-    whole e4m3 rows, swizzled over a row's bytes (the recipe's kv_box_cols and kv_swizzle_bytes)."""
+    (D, page, H_kv, pages), boxes of the recipe's box_rows inside one page (the family's kv_box_rows); an fp8
+    pool's boxes are whole e4m3 rows, swizzled over a row's bytes (the recipe's kv_box_cols and
+    kv_swizzle_bytes)."""
     tma = kernel.artifact.launch.extra["tma"]
     elem = element_bytes(dtype)
     kv_dtype = t["k_cache"].dtype
