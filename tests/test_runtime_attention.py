@@ -14,7 +14,7 @@ from aotc.cli import main
 from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families import get_family
-from aotc.families.sdpa_prefill_sm90 import _why_invalid, page_fits, tma_recipe
+from aotc.families.sdpa_prefill_sm90 import _why_invalid, kv_box_rows, tma_recipe
 from aotc.runtime import tensor
 from aotc.runtime.attention import _recipes, check_attention
 from aotc.runtime.validate import packed_strides
@@ -244,37 +244,31 @@ def test_a_page_size_no_loaded_kernel_serves_is_refused(kv_layout, axis):
 
 # ---------------------------------------------------------------------------- the family's page rule
 
-@pytest.mark.parametrize("page,block_n,fits", [
-    (16, 80, True), (32, 80, False), (64, 80, False), (128, 80, False),  # D256's tile
-    (16, 128, True), (32, 128, True), (64, 128, True), (128, 128, True),
-    (16, 176, True), (32, 176, False), (64, 176, False), (128, 176, False)])
-def test_a_kv_block_is_whole_pages_or_inside_one(page, block_n, fits):
-    assert page_fits(page, block_n) is fits
+@pytest.mark.parametrize("page,block_n,rows", [
+    (16, 80, 16), (32, 80, 16), (64, 80, 16), (128, 80, 16),  # D256's tile: 16-row boxes inside a page
+    (16, 128, 16), (32, 128, 32), (64, 128, 64), (128, 128, 128),  # whole pages, or the block inside one
+    (16, 176, 16), (32, 176, 16), (64, 176, 16), (128, 176, 16)])
+def test_a_kv_block_is_boxes_inside_pages(page, block_n, rows):
+    assert kv_box_rows(page, block_n) == rows
 
 
-def test_page_sizes_a_kv_block_cannot_use_are_pruned_with_the_reason():
-    fields = {"dtype": "bf16", "head_dim": 256, "causal": True, "block_n": 80}
-    assert _why_invalid({**fields, "layout": "paged16"}) is None
-    why = _why_invalid({**fields, "layout": "paged32"})
-    assert why.startswith("paged32: a kv block of 80 keys is not whole pages, nor inside one page")
-    assert get_family("sdpa_prefill_sm90").why_invalid({**fields, "layout": "paged32"}) == why
-    assert "block_n 80 is not a tile of head_dim 128" in _why_invalid({**fields, "head_dim": 128, "layout": "paged16"})
+def test_every_page_size_serves_every_kv_tile():
+    for head_dim, block_n in ((256, 80), (128, 176), (128, 128), (64, 128)):
+        fields = {"dtype": "bf16", "head_dim": head_dim, "causal": True, "block_n": block_n}
+        for page in (16, 32, 64, 128):
+            assert _why_invalid({**fields, "layout": f"paged{page}"}) is None
+            assert get_family("sdpa_prefill_sm90").why_invalid({**fields, "layout": f"paged{page}"}) is None
+    untuned = {"dtype": "bf16", "head_dim": 128, "causal": True, "block_n": 80, "layout": "paged16"}
+    assert "block_n 80 is not a tile of head_dim 128" in _why_invalid(untuned)
 
 
-def test_list_why_not_explains_the_pruned_page_sizes(tmp_path, capsys):
+def test_list_builds_every_page_size_of_a_tile_and_explains_an_untuned_one(tmp_path, capsys):
     spec = tmp_path / "paged.toml"
-    spec.write_text('[[family]]\nname = "sdpa_prefill_sm90"\narch = ["sm_90a"]\ndtype = "bf16"\nhead_dim = 256\n'
+    spec.write_text('[[family]]\nname = "sdpa_prefill_sm90"\narch = ["sm_90a"]\ndtype = "bf16"\nhead_dim = [128, 256]\n'
                     'layout = ["paged16", "paged32", "paged64", "paged128"]\ncausal = true\nblock_n = 80\n')
-    assert main(["list", str(spec), "--why-not"]) == 0
-    out = capsys.readouterr().out
-    assert "1 variants (0 cached), 3 pruned" in out and "layout=paged16" in out
-    for page in (32, 64, 128):
-        assert (f"pruned sdpa_prefill_sm90 arch=sm_90a dtype=bf16 head_dim=256 layout=paged{page} causal=True "
-                f"block_n=80 kv_dtype=bf16 window=False softcap=False sinks=False: paged{page}: a kv block of 80 "
-                "keys is not "
-                "whole pages") in out
     assert main(["list", str(spec), "--why-not", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [r["variant"]["layout"] for r in doc["variants"]] == ["paged16"]
-    assert sorted(p["values"]["layout"] for p in doc["pruned"]) == ["paged128", "paged32", "paged64"]
-    assert all("nor inside one page" in p["reason"] for p in doc["pruned"])
+    assert sorted(r["variant"]["layout"] for r in doc["variants"]) == ["paged128", "paged16", "paged32", "paged64"]
+    assert all(r["variant"]["head_dim"] == 256 for r in doc["variants"])
+    assert sorted(p["values"]["layout"] for p in doc["pruned"]) == ["paged128", "paged16", "paged32", "paged64"]
+    assert all("block_n 80 is not a tile of head_dim 128" in p["reason"] for p in doc["pruned"])

@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 20 + 6 + 30 + 24 + 6 + 20 + 10 + 8 + 4 + 7
+    assert len(s.variants) == 18 + 36 + 32 + 32 + 30 + 24 + 6 + 20 + 10 + 8 + 4 + 7
     assert len(set(s.variants)) == len(s.variants)
     # fp8 KV: bf16 queries over e4m3 pools, decode (dense and ragged Q) and the attention entry point's paged
     # kernel at D128 page 16, and the quantizing KV write; gpt-oss's (D64: the KV write, decode, the Hopper paged
@@ -69,11 +69,12 @@ def test_default_spec_loads():
         ("fp16", "bf16"), (64, 128, 256), ("dense", "ragged"), (False, True)))
     # every head dim at its tuned kv tile widths only: D128 twice (the runtime picks by kv length)
     assert sorted({(v["head_dim"], v["block_n"]) for v in hopper}) == [(64, 128), (128, 128), (128, 176), (256, 80)]
-    # the serving entry point: causal, every page size at D64/D128 (kv blocks of 128), page 16 at D256 (80)
+    # the serving entry point: causal, every page size at D64/D128 (kv blocks of 128), D256 (80) and D128 (176)
     assert {(v["dtype"], v["head_dim"], v["layout"], v["block_n"]) for v in paged} == {
         (dt, d, f"paged{p}", 80 if d == 256 else 128) for dt in ("fp16", "bf16") for d in (64, 128, 256)
-        for p in (16, 32, 64, 128) if d != 256 or p == 16} | {
-        (dt, 128, "paged16", 176) for dt in ("fp16", "bf16")} and all(v["causal"] for v in paged)
+        for p in (16, 32, 64, 128)} | {
+        (dt, 128, f"paged{p}", 176) for dt in ("fp16", "bf16") for p in (16, 32, 64, 128)} and all(
+        v["causal"] for v in paged)
     assert {v.arch for v in decode} == {"sm_90"} and len({v["kv"] for v in decode if v["layout"] == "dense"}) == 5
     # the serving entry point's decode rows: ragged queries over every page size
     assert {(v["kv"], v["head_dim"]) for v in decode if v["layout"] == "ragged"} == {
@@ -83,21 +84,14 @@ def test_default_spec_loads():
     assert {v.arch for v in combine} == {"sm_90a"} and {v.arch for v in prefill} == {"sm_90"}
     assert {(v["dtype"], v["head_dim"], v["strides"]) for v in combine} == set(
         itertools.product(("fp16", "bf16", "fp32"), (64, 128, 256), ("general", "packed")))
-    # the portable kernel: dense and ragged, and the serving entry point's D256 at the pages the Hopper
-    # kernel's 80-key blocks are not whole pages of (causal, general strides)
-    assert {(v["layout"], v["strides"]) for v in prefill if v["layout"] in ("dense", "ragged")} == {
-        ("dense", "general"), ("dense", "packed"), ("ragged", "general")}
-    assert {(v["dtype"], v["head_dim"], v["layout"], v["strides"], v["causal"]) for v in prefill
-            if v["layout"].startswith("paged")} == {
-        (dt, 256, f"paged{p}", "general", True) for dt in ("fp16", "bf16") for p in (32, 64, 128)}
-    # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n), and
-    # every page size a kv block neither holds whole nor fits in
+    assert {(v["layout"], v["strides"]) for v in prefill} == {("dense", "general"), ("dense", "packed"),
+                                                             ("ragged", "general")}
+    # ragged x packed is pruned, with the family's reason; so is every untuned (head dim, block_n)
     packed = [p for p in s.pruned if p.family == "sdpa_prefill"]
     tiles = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "is not a tile of" in p.reason]
-    pages = [p for p in s.pruned if p.family == "sdpa_prefill_sm90" and "not whole pages" in p.reason]
     assert len(packed) == 12 and all("packed specialization" in p.reason for p in packed)
-    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) + 2 * 4 * (3 * 3 - 4) and len(pages) == 2 * 3 + 2 * 3
-    assert len(s.pruned) == len(packed) + len(tiles) + len(pages)
+    assert len(tiles) == 2 * 2 * 2 * (3 * 3 - 4) + 2 * 4 * (3 * 3 - 4)
+    assert len(s.pruned) == len(packed) + len(tiles)
     assert all(f"is not a tile of head_dim {p.values['head_dim']}" in p.reason for p in tiles)
 
 

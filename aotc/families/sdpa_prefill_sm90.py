@@ -132,18 +132,11 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
-def page_fits(page: int, block_n: int) -> bool:
-    """Paged layouts (Runtime.attention; the portable family's page sizes): a kv block is whole TMA boxes of one
-    page each (page < block_n: block_n / page of them), or a box inside one page (page >= block_n, page a
-    multiple of block_n)."""
-    return block_n % page == 0 if page < block_n else page % block_n == 0
-
-
 def kv_box_rows(page: int, block_n: int) -> int:
     """Rows of one K/V TMA box of a paged kernel: the largest that tiles a kv block and lies inside one page
-    wherever a block starts, gcd(page, block_n): a whole page (page_fits, page < block_n), the block (page_fits,
-    page >= block_n), or 16 rows where neither divides the other (block_n 80 or 176 over pages of 32-128; the
-    kernel gathers those, page_fits does not list them)."""
+    wherever a block starts, gcd(page, block_n): a whole page (block_n a multiple of the page), the block (the
+    page a multiple of block_n), or 16 rows inside a page where neither divides the other (D256's 80 keys, D128's
+    176, over pages of 32-128). Every page size of LAYOUTS serves every kv tile."""
     return math.gcd(page, block_n)
 
 
@@ -185,9 +178,6 @@ def _why_invalid(values: dict) -> str | None:
         tuned = sorted(bn for d, bn in TILES if d == values["head_dim"])
         return f"block_n {values['block_n']} is not a tile of head_dim {values['head_dim']} (tuned: {tuned})"
     layout = values["layout"]
-    if layout.startswith("paged") and not page_fits(int(layout[len("paged"):]), values["block_n"]):
-        return (f"{layout}: a kv block of {values['block_n']} keys is not whole pages, nor inside one page "
-                f"(page and block_n must divide one another)")
     reason = why_invalid_kv_dtype(values)
     if reason is None and values.get("kv_dtype") == FP8:
         if (not_paged := why_not_paged_fp8(layout)) is not None:

@@ -27,8 +27,8 @@ decode_query_len (a lower bound: a step an engine knows holds no decode row, vLL
 decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
 decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
 rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
-PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128 at page 16: 176
-keys, FA3's tile, against 128), from half dense prefill's LONG_KV.
+PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128: 176 keys, FA3's
+tile, against 128, at every page size), from half dense prefill's LONG_KV.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
@@ -68,7 +68,8 @@ DECODE = "sdpa_decode"
 ENTRY = "attention"
 # max_seqlen_kv from which the paged kernel runs its widest kv tile: at D128 page 16 the 176-key tile ran
 # 1.02-1.06x the 128-key one from 4096 keys (chunks of 512 and 2048 queries, a mixed step) and 1.00x at 2048
-# (benchmarks/results/paged_varlen_experiment_tile_threshold.json); dense prefill keeps LONG_KV
+# (benchmarks/results/paged_varlen_experiment_tile_threshold.json; pages of 32-128 load it in the same 16-row
+# boxes as page 16); dense prefill keeps LONG_KV
 PAGED_LONG_KV = 4096
 PREPARED = object()  # run()'s max_seqlen_q default: the bound the plan was prepared with
 DTYPES = ("fp16", "bf16")

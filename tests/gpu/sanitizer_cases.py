@@ -5,7 +5,9 @@
     ... python3 tests/gpu/sanitizer_cases.py fp8      # every fp8 KV kernel of AOTC_TEST_BUNDLE
     ... python3 tests/gpu/sanitizer_cases.py hopper   # sdpa_prefill_sm90: D64, D128 causal, D256 ragged,
                                                       # D128 at its widest kv tile (block_n 176), and
-                                                      # two paged layouts (Runtime.attention)
+                                                      # two paged layouts (Runtime.attention) and
+                                                      # the paged boxes inside a page
+    ... python3 tests/gpu/sanitizer_cases.py paged-boxes  # those boxes alone: D256 pages 32/128, D128-176 page 64
 
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 gives every tensor its own cudaMalloc, so an access past a
 tensor's end is past an allocation's end, which memcheck reports.
@@ -146,13 +148,14 @@ def kv_write_cases():
                     launches += 1
 
 
-def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_sm90"):
+def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_sm90", max_seqlen_kv=None):
     """Runtime.attention over pools sized to the pages the sequences own (a read past a pool is past its
     allocation) with page-table padding -1: decode rows, S_q 4 rows, chunks whose prefix is in the cache,
     empty sequences, lengths at and around page and kv-block boundaries; every row on the paged kernel,
     then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: every paged
     variant of `family`: of its fp8 ones with fp8, over e4m3 pools and fp32 scales of their own allocations);
-    features: the score features' arguments (feature_kwargs), else none."""
+    features: the score features' arguments (feature_kwargs), else none. max_seqlen_kv: the bound the plans are
+    told (from aotc.runtime.attention's PAGED_LONG_KV on: the widest kv tile)."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
                        for k in rt.kernels.get(family, []) if k.variant["layout"].startswith("paged")
@@ -190,6 +193,7 @@ def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_s
             out, lse = torch.empty_like(q), torch.empty(H_q, total, device="cuda")
             for dq in (0, 1):
                 rt.attention(q, k, v, out, cu, sl, pt, lse=lse, kv_layout=layout, decode_query_len=dq,
+                             max_seqlen_kv=max_seqlen_kv,
                              **feature_kwargs(features, H_q), **scales)
                 launches += 1
 
@@ -282,7 +286,16 @@ def fp8_cases():
             launches += 1
 
 
-if mode == "fp8":  # every fp8 KV kernel of the bundle (AOTC_TEST_BUNDLE: a bundle of every page size and head dim)
+def paged_box_cases():
+    """16-row TMA boxes inside a page: D256's 80-key kv blocks over pages of 32 and 128, D128's 176-key ones over
+    pages of 64 (the widest tile: a long-kv bound)."""
+    attention_cases(picks=[("bf16", 256, 32), ("bf16", 256, 128)])
+    attention_cases(picks=[("bf16", 128, 64)], max_seqlen_kv=8192)
+
+
+if mode == "paged-boxes":  # the paged layouts' boxes inside a page alone
+    paged_box_cases()
+elif mode == "fp8":  # every fp8 KV kernel of the bundle (AOTC_TEST_BUNDLE: a bundle of every page size and head dim)
     fp8_cases()
 elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
     prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
@@ -291,6 +304,7 @@ elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64,
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"),
                   picks=[(128, "dense", False), (128, "dense", True), (128, "ragged", True)])
     attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)])  # the paged layouts' V-tail zeroing, barriers
+    paged_box_cases()
     feature_cases(["sdpa_prefill_sm90"])  # the window's left-edge and skipped blocks in the warp-specialized loop
 else:
     combine_cases()

@@ -48,8 +48,8 @@ CASES = [
     ("fp16", 64, 128, "NHD", 64, 8, False),
     ("bf16", 256, 16, "NHD", 32, 8, False),
     ("fp16", 256, 16, "HND", 8, 8, True),
-    # D256 over pages its 80-key kv blocks are not whole pages of: the Hopper kernel's 16-row boxes where the
-    # bundle has them, else the portable kernel (the default bundle's; test_d256_pages_run_on_the_kernel_built)
+    # D256 over pages its 80-key kv blocks are not whole pages of: the Hopper kernel's 16-row boxes inside a page
+    # (the default bundle's), else the portable kernel (test_d256_pages_run_on_the_kernel_built)
     ("bf16", 256, 32, "HND", 32, 8, False),
     ("fp16", 256, 64, "NHD", 16, 8, True),
     ("bf16", 256, 128, "NHD", 8, 8, False),
@@ -232,7 +232,7 @@ def mixed_batch(rt, case, seqs, index, seed, label):
     meta = b.metadata(step)
     refs = b.references(step, io)
     dq = (0, 1, 4)[index % 3]
-    # the bounds an engine passes: max_seqlen_kv >= 8192 runs the widest kv tile (D128 at page 16: 176)
+    # the bounds an engine passes: max_seqlen_kv >= 4096 runs the widest kv tile (D128: 176, at every page size)
     b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=max(s_q for s_q, _ in seqs),
              max_seqlen_kv=max(s_kv for _, s_kv in seqs), decode_query_len=dq)
     b.check(step, io, f"{label} {case_id(case)} decode_query_len {dq}", refs=refs)
