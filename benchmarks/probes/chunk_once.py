@@ -2,7 +2,10 @@
 Runtime.attention over the paged pools, aotc's dense ragged prefill over the same K/V packed (x_dense's
 contender) and, with --fa3, FlashAttention-3's flash_attn_varlen_func on the packed K/V (x_fa3's):
 
-    ncu --kernel-name regex:"SdpaPrefillSm90|device_kernel" python benchmarks/probes/chunk_once.py BUNDLE PREFIX [--fa3]
+    ncu --kernel-name regex:"SdpaPrefillSm90|device_kernel" python benchmarks/probes/chunk_once.py BUNDLE PREFIX [--fa3] \
+        [--page P]
+
+--page: the pools' page size (16 unless given; llama's shape, D128 H 32/8).
 """
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ from benchmarks.bench_paged_varlen import Pool, chunk_case  # noqa: E402
 
 rt = aotc.runtime.load(sys.argv[1])
 case = chunk_case(int(sys.argv[2]))
-pool = Pool(case.seqs, seed=1)
+pool = Pool(case.seqs, seed=1, page=int(sys.argv[sys.argv.index("--page") + 1]) if "--page" in sys.argv else 16)
 max_kv = max(s for _, s in case.seqs)
 kp, vp, cu_kv, _ = pool.packed(range(len(case.seqs)))
 d_out = torch.empty_like(pool.out)
