@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
-from benchmarks.bench_paged_varlen import CHUNK, Case, Model, Pool, chunk_case, rounded, time_plans  # noqa: E402
+from benchmarks.bench_paged_varlen import CASES, Model, Pool, chunk_case, rounded, time_plans  # noqa: E402
 
 PAGES = (16, 32, 64, 128)
 
@@ -39,8 +39,7 @@ def main() -> None:
     model = Model(f"D{args.head_dim}", args.head_dim, heads_q, heads_kv)
     rts = {"base": aotc.runtime.load(args.base), "cand": aotc.runtime.load(args.cand)}
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
-    cases = [chunk_case(0), chunk_case(8192),
-             Case(f"mixed_chunk{CHUNK}_decode63x4096", "mixed", ((CHUNK, CHUNK),) + ((1, 4096),) * 63)]
+    cases = [chunk_case(0), chunk_case(8192), next(c for c in CASES if c.kind == "mixed")]
     rows = []
     for case in cases:
         cand_page16 = None
