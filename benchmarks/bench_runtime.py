@@ -74,6 +74,12 @@ def result_header(script: str, args: list[str] | None = None) -> dict:
             "command": " ".join(["python", script, *(sys.argv[1:] if args is None else args)])}
 
 
+def write_rows(path: str, script: str, rows: list[dict]) -> None:
+    """A probe's rows as a result file at path: result_header(script)'s fields, then rows."""
+    from pathlib import Path
+
+    Path(path).write_text(json.dumps({**result_header(script), "rows": rows}, indent=1) + "\n")
+
 def dist_version(dist: str) -> str | None:
     """The installed version of a distribution (e.g. the fa3-fwd wheel), None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from benchmarks.bench_paged_varlen import CASES, MODELS, Case, Model, Pool, max_abs_err, rounded  # noqa: E402
+from benchmarks.bench_runtime import write_rows  # noqa: E402
 from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
 DECODE_STEP = next(c for c in CASES if c.kind == "decode")
@@ -102,8 +103,7 @@ def main() -> None:
         del pool, fns, outs
         torch.cuda.empty_cache()
     if args.out:
-        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                                              "rows": rows}, indent=1) + "\n")
+        write_rows(args.out, "benchmarks/probes/decode_rows_ab.py", rows)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 import aotc.runtime  # noqa: E402
 from benchmarks.bench_paged_varlen import CASES, Model, Pool, chunk_case, rounded, time_plans  # noqa: E402
+from benchmarks.bench_runtime import write_rows  # noqa: E402
 
 PAGES = (16, 32, 64, 128)
 
@@ -58,8 +59,7 @@ def main() -> None:
             del pool
             torch.cuda.empty_cache()
     if args.out:
-        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "gpu": torch.cuda.get_device_name(),
-                                              "rows": rows}, indent=1) + "\n")
+        write_rows(args.out, "benchmarks/probes/page_size_ab.py", rows)
 
 
 if __name__ == "__main__":
