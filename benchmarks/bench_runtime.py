@@ -80,6 +80,7 @@ def write_rows(path: str, script: str, rows: list[dict]) -> None:
 
     Path(path).write_text(json.dumps({**result_header(script), "rows": rows}, indent=1) + "\n")
 
+
 def dist_version(dist: str) -> str | None:
     """The installed version of a distribution (e.g. the fa3-fwd wheel), None when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version

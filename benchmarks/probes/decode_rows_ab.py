@@ -9,8 +9,9 @@ Cases: bench_paged_varlen's decode step (64 sequences at 4096 keys) at llama's, 
 layers' shapes (MODELS), the llama step over e4m3 pools, 16 sequences at 32768 keys with a 4097-key window
 (D128, H 32/8; bench_features' windowed decode batch), and at llama's shape bench_paged_varlen's mixed step
 and a chunked prefill of 16 sequences x 256 new tokens over 4096 (the paged prefill kernel's batch of many
-sequences). Written for the schedulers' start (every CTA reads a round of lengths before its first tile; the
-ragged rounds' loads waited on one another): a short step pays it once. One JSON line per case:
+sequences). Written for the schedulers' start (every CTA reads a round of lengths before its first tile, and
+in the ragged kernels each sequence's loads wait on the previous one's: benchmarks/experiments/lengths_round.patch
+loads a round whole): a short step pays it once. One JSON line per case:
 {base,cand}_attn_us, aa_us, x_cand = base_attn_us / cand_attn_us, x_aa = cand_attn_us / aa_us; decode steps
 also {base,cand}_decode_us, {base,cand}_x_decode = decode_us / attn_us (how close the entry point's decode
 rows come to the decode family) and x_decode_ab = base_decode_us / cand_decode_us; every contender's max |error|
@@ -50,11 +51,11 @@ def step_contenders(rts: dict, pool: Pool, fp8: bool, decode: bool) -> tuple[dic
               "min_seqlen_q": min(s_q for s_q, _ in pool.seqs)}
     fns, outs, facts = {}, {}, {}
     for name, rt in (("base", rts["base"]), ("cand", rts["cand"]), ("aa", rts["cand"])):
-        out = outs[f"{name}_attn" if name != "aa" else "aa"] = torch.full_like(pool.out, float("nan"))
+        key = "aa" if name == "aa" else f"{name}_attn"
+        out = outs[key] = torch.full_like(pool.out, float("nan"))
         plan = rt.prepare_attention(pool.q, k, v, out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
         facts[f"{name}_attn_variant"] = (plan.decode if decode else plan).variant.name
-        fns[f"{name}_attn" if name != "aa" else "aa"] = (
-            lambda plan=plan, out=out, keep=(k, v): plan(pool.q, out, stream=cur()))
+        fns[key] = lambda plan=plan, out=out, keep=(k, v): plan(pool.q, out, stream=cur())
         if name == "aa" or not decode:
             continue
         o4 = outs[f"{name}_decode"] = torch.full_like(pool.out, float("nan"))
