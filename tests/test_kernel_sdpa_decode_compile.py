@@ -13,6 +13,7 @@ from aotc.families.sdpa_decode import PARAMS, ROWS_PER_CTA, Tile, tile  # noqa: 
 from aotc.kernels import sdpa_decode as kernel  # noqa: E402
 from aotc.kernels.sdpa_decode_checks import verify_mappings  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
+from ptx_flow import loads_behind_loaded_branches  # noqa: E402
 
 # fp8 D64 with its rows packed two to a 128-byte line: 32 keys a warp, 6 slots, 4 CTAs an SM (tune_decode's kw32_s6_c4_p)
 PACKED_D64 = Tile(32, 6, 4, 56 * 1024, fp8=True, packed_rows=True)
@@ -84,6 +85,46 @@ def test_compile(tmp_path, arch, dtype, head_dim, kv):
     assert ptx.count("griddepcontrol.launch_dependents;") == (1 if pdl else 0)
     assert "griddepcontrol.wait" not in ptx
     assert FAMILY.launch(v).extra["pdl_trigger"] is pdl
+
+
+
+@pytest.mark.parametrize("fields", [
+    dict(head_dim=128, kv="paged16", layout="ragged"),
+    dict(head_dim=64, kv="paged16", layout="ragged", window=True, sinks=True),
+    dict(head_dim=128, kv="paged16", layout="ragged", kv_dtype="fp8_e4m3"),
+    dict(head_dim=128, kv="paged16", layout="dense"),
+])
+def test_lengths_round_loads_together(tmp_path, fields):
+    """The schedule's first round of lengths (KvChunks.load_round) issues every load of the round before it
+    branches on any loaded value: a ragged sequence's seqlens_kv is read whether or not cu_seqlens_q says the
+    kernel serves it, so every CTA starts after one DRAM round trip instead of one per sequence a lane holds
+    (the serving entry point's decode steps: benchmarks/results/decode_rows_ab.json)."""
+    v = Variant.make("sdpa_decode", "sm_90", dtype="bf16", **fields)
+    ptx = kernel.compile(v, dump_dir=str(tmp_path), keep_ptx=True).ptx
+    assert ptx.count("ld.global") >= 2 and "shfl.sync.bfly" in ptx
+    assert loads_behind_loaded_branches(ptx) == []
+
+
+def test_the_check_sees_a_load_behind_a_branch():
+    """loads_behind_loaded_branches flags the shape the ragged round had: a length loaded only where a loaded
+    query count allows it."""
+    ptx = """.entry k(
+){
+	ld.global.b32 	%r1, [%rd2+4];
+	ld.global.b32 	%r2, [%rd2];
+	sub.s32 	%r3, %r1, %r2;
+	setp.lt.s32 	%p1, %r3, 1;
+	setp.ge.s32 	%p2, %r9, %r8;
+	@%p2 bra 	$L__BB0_2;
+	@%p1 bra 	$L__BB0_5;
+	ld.global.b32 	%r4, [%rd3];
+	shfl.sync.bfly.b32 	%r5, %r4, 1, 31, -1;
+}"""
+    assert loads_behind_loaded_branches(ptx) == [("@%p1 bra \t$L__BB0_5;", "ld.global.b32 \t%r4, [%rd3];")]
+    # the same round with its last load ahead of the branch: nothing behind it
+    ahead = ptx.replace("\t@%p1 bra \t$L__BB0_5;\n\tld.global.b32 \t%r4, [%rd3];",
+                        "\tld.global.b32 \t%r4, [%rd3];\n\t@%p1 bra \t$L__BB0_5;")
+    assert ahead != ptx and loads_behind_loaded_branches(ahead) == []
 
 
 def test_plain_compile_record(tmp_path):

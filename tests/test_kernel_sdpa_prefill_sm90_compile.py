@@ -13,6 +13,7 @@ from aotc.families import get_family  # noqa: E402
 from aotc.families.sdpa_prefill_sm90 import FP8_REGISTERS, PARAMS, RAGGED_REGISTERS, REGISTERS, tile  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
+from ptx_flow import loads_behind_loaded_branches  # noqa: E402
 
 CASES = [  # dtype, head_dim, layout, causal, block_n
     ("bf16", 128, "dense", True, 128),
@@ -39,9 +40,10 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     bm, bn = t.block_m, t.block_n
     n_threads = t.threads
     assert f".reqntid {n_threads}, 1, 1" in ptx and n_threads == 128 * (1 + bm // 64)
-    # no spills at the consumer register budget, but for D64 ragged's producer (32 registers): its loop
-    # bound, one 4-byte reload a tile; shared memory fits one CTA per SM
-    assert built.frame_bytes == (8 if (head_dim, layout) == (64, "ragged") else 0)
+    # no spills at the consumer register budget, nor in the producer's 32 registers (D64 ragged's spilled its
+    # loop bound, one 4-byte reload a tile, until RaggedTiles loaded a round of query lengths whole);
+    # shared memory fits one CTA per SM
+    assert built.frame_bytes == 0
     assert built.launch.dynamic_smem == t.smem_bytes(head_dim)
     assert built.launch.dynamic_smem + k.static_smem <= SMEM_LIMIT
     # the Hopper machinery is there: TMA loads of the descriptor's rank, wgmma (the PV GEMM's A operand
@@ -62,6 +64,8 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "mbarrier.arrive.expect_tx" in ptx
+    if layout != "dense":  # RaggedTiles.round_tiles: a round's query lengths in one DRAM round trip
+        assert loads_behind_loaded_branches(ptx) == []
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -98,6 +102,7 @@ def test_boxes_inside_a_page_compile_as_page_16s(tmp_path):
         assert kernel.SdpaPrefillSm90(v).kv_rows == 16 and built[page].frame_bytes == 0
     loads = {p: len(re.findall(r"cp\.async\.bulk\.tensor\.4d", b.ptx)) for p, b in built.items()}
     assert loads[32] == loads[16] > 0
+    assert loads_behind_loaded_branches(built[32].ptx) == []  # the paged kernel's rounds of query lengths too
     assert built[32].launch.dynamic_smem == built[16].launch.dynamic_smem == tile(256, 80).smem_bytes(256)
 
 

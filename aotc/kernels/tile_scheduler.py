@@ -175,6 +175,18 @@ SEQS_PER_LANE = 4            # KvChunks: sequences a lane holds per round
 ROUND = 32 * SEQS_PER_LANE   # sequences per round
 
 
+@cute.jit
+def _load_round(dst, values, r0, batch, lane, shift: cutlass.Constexpr = 0):
+    """dst[i] = values[b + shift] for this lane's sequences b = r0 + SEQS_PER_LANE * lane + i of a round (0 past
+    the batch). The schedulers load a round whole before any arithmetic on it: a load behind a branch on a
+    loaded value waits for that value, so a round would cost a DRAM round trip per sequence a lane holds."""
+    for i in cutlass.range_constexpr(SEQS_PER_LANE):
+        b = r0 + SEQS_PER_LANE * lane + i
+        dst[i] = Int32(0)
+        if b < batch:
+            dst[i] = values[b + shift]
+
+
 class KvChunks:
     """Host half: aotc.families.schedulers.decode_chunks. The work of a decode step, balanced over the GPU
     for any distribution of KV lengths, derived in the kernel from the device-side lengths (so a CUDA graph
@@ -223,15 +235,16 @@ class KvChunks:
     def kv_tokens(self, seqlens_kv, b, max_pages):
         """Keys of sequence b: seqlens_kv[b], at least 0; paged, cut at its page-table row's end (never
         read past the row)."""
-        s = cutlass.max(seqlens_kv[b], Int32(0))
+        return self.kv_tokens_of(seqlens_kv[b], max_pages)
+
+    @cute.jit
+    def kv_tokens_of(self, seqlen_kv, max_pages):
+        """kv_tokens() of a sequence whose seqlens_kv entry is seqlen_kv."""
+        s = cutlass.max(seqlen_kv, Int32(0))
         if cutlass.const_expr(self.page > 0):
             if cutlass.Int64(s) > cutlass.Int64(max_pages) * self.page:
                 s = cutlass.max(max_pages, Int32(0)) * self.page
         return s
-
-    @cute.jit
-    def kv_blocks(self, seqlens_kv, b, max_pages):
-        return (self.kv_tokens(seqlens_kv, b, max_pages) + (self.block_n - 1)) // self.block_n
 
     @cute.jit
     def absorbs(self, nb, fb, c):
@@ -250,20 +263,26 @@ class KvChunks:
     def load_round(self, nt, seqlens_kv, r0, batch, max_pages, lane, cu_seqlens_q, max_q, window_left):
         """nt[i] = keys of sequence r0 + SEQS_PER_LANE * lane + i from kv_first() on (0 past the batch; ragged,
         -1 past the batch and for a sequence another kernel serves): a round of 32 * SEQS_PER_LANE sequences,
-        consecutive ones in each lane, the loads independent."""
+        consecutive ones in each lane, all loaded (_load_round) before any is looked at: a ragged sequence's
+        length is read whether or not its query count has it served here."""
+        raw = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)  # seqlens_kv[b]
+        q_lo = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)  # ragged: cu_seqlens_q[b], cu_seqlens_q[b + 1]
+        q_hi = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        _load_round(raw, seqlens_kv, r0, batch, lane)
+        if cutlass.const_expr(self.ragged):
+            _load_round(q_lo, cu_seqlens_q, r0, batch, lane)
+            _load_round(q_hi, cu_seqlens_q, r0, batch, lane, 1)
         for i in cutlass.range_constexpr(SEQS_PER_LANE):
             b = r0 + SEQS_PER_LANE * lane + i
+            n = self.kv_tokens_of(raw[i], max_pages)
             if cutlass.const_expr(self.ragged):
+                s_q = q_hi[i] - q_lo[i]
                 nt[i] = Int32(-1)
-                if b < batch:
-                    s_q = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
-                    if s_q >= 1 and s_q <= max_q:
-                        n = self.kv_tokens(seqlens_kv, b, max_pages)
-                        nt[i] = n - self.kv_first(n, s_q, window_left)
+                if b < batch and s_q >= 1 and s_q <= max_q:
+                    nt[i] = n - self.kv_first(n, s_q, window_left)
             else:
                 nt[i] = Int32(0)
                 if b < batch:
-                    n = self.kv_tokens(seqlens_kv, b, max_pages)
                     nt[i] = n - self.kv_first(n, max_q, window_left)
 
     @cute.jit
@@ -407,23 +426,29 @@ class RaggedTiles:
     no barrier)."""
 
     @cute.jit
-    def tiles_of(self, cu_seqlens_q, b, batch, tile_tokens, min_q):
-        """Tiles per head of sequence b (0 past the batch, and for fewer than min_q queries: those
-        sequences are the decode kernel's)."""
-        n = Int32(0)
-        if b < batch:
-            s = cutlass.max(cu_seqlens_q[b + 1] - cu_seqlens_q[b], Int32(0))
-            if s >= min_q:
-                n = (s + (tile_tokens - 1)) // tile_tokens
-        return n
+    def round_tiles(self, nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane):
+        """nt[i] = tiles per head of sequence b = r0 + SEQS_PER_LANE * lane + i (0 past the batch, and for
+        fewer than min_q queries: those sequences are the decode kernel's), the round loaded whole first
+        (_load_round)."""
+        lo = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        hi = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        _load_round(lo, cu_seqlens_q, r0, batch, lane)
+        _load_round(hi, cu_seqlens_q, r0, batch, lane, 1)
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            s = cutlass.max(hi[i] - lo[i], Int32(0))
+            nt[i] = Int32(0)
+            if r0 + SEQS_PER_LANE * lane + i < batch and s >= min_q:
+                nt[i] = (s + (tile_tokens - 1)) // tile_tokens
 
     @cute.jit
     def count(self, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
         """Work items (tile pairs) of the batch, the same on every lane."""
         w = Int32(0)
+        nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         for r0 in range(0, batch, ROUND):
+            self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + (self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, tile_tokens, min_q) + 1) // 2
+                w = w + (nt[i] + 1) // 2
         return cute.arch.make_warp_uniform(_warp_sum(w) * heads)
 
     @cute.jit
@@ -442,8 +467,8 @@ class RaggedTiles:
         for r0 in range(0, batch, ROUND):
             nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
             mine = Int32(0)
+            self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                nt[i] = self.tiles_of(cu_seqlens_q, r0 + SEQS_PER_LANE * lane + i, batch, tile_tokens, min_q)
                 mine = mine + (nt[i] + 1) // 2 * heads
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine

@@ -9,9 +9,9 @@ Cases: bench_paged_varlen's decode step (64 sequences at 4096 keys) at llama's, 
 layers' shapes (MODELS), the llama step over e4m3 pools, 16 sequences at 32768 keys with a 4097-key window
 (D128, H 32/8; bench_features' windowed decode batch), and at llama's shape bench_paged_varlen's mixed step
 and a chunked prefill of 16 sequences x 256 new tokens over 4096 (the paged prefill kernel's batch of many
-sequences). Written for the schedulers' start (every CTA reads a round of lengths before its first tile, and
-in the ragged kernels each sequence's loads wait on the previous one's: benchmarks/experiments/lengths_round.patch
-loads a round whole): a short step pays it once. One JSON line per case:
+sequences). Written for the schedulers' start (every CTA reads a round of lengths before its first tile; the ragged
+kernels once loaded each sequence's lengths behind the previous one's branch, a round is now loaded whole:
+aotc/kernels/tile_scheduler.py's _load_round): a short step pays it once. One JSON line per case:
 {base,cand}_attn_us, aa_us, x_cand = base_attn_us / cand_attn_us, x_aa = cand_attn_us / aa_us; decode steps
 also {base,cand}_decode_us, {base,cand}_x_decode = decode_us / attn_us (how close the entry point's decode
 rows come to the decode family) and x_decode_ab = base_decode_us / cand_decode_us; every contender's max |error|
