@@ -3,7 +3,7 @@ same pools, timed in interleaved rounds with an A/A twin of the candidate's plan
 sequence one new token: the ragged decode kernel, queries found through cu_seqlens_q) also each bundle's
 Runtime.decode (the dense-Q decode kernel on q viewed [B, 1, H_q, D]).
 
-    python benchmarks/probes/decode_rows_ab.py --base BUNDLE --cand BUNDLE [--rounds 7] [--out FILE]
+    python benchmarks/probes/decode_rows_ab.py --base BUNDLE --cand BUNDLE [--rounds 7] [--out FILE] [--only CASE]
 
 Cases: bench_paged_varlen's decode step (64 sequences at 4096 keys) at llama's, gpt-oss's and gpt-oss's sliding
 layers' shapes (MODELS), the llama step over e4m3 pools, 16 sequences at 32768 keys with a 4097-key window
@@ -74,12 +74,14 @@ def main() -> None:
     ap.add_argument("--cand", required=True)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", help="also write the rows to this JSON file")
+    ap.add_argument("--only", help="run only the cases whose name contains this string")
     args = ap.parse_args()
     rts = {"base": aotc.runtime.load(args.base), "cand": aotc.runtime.load(args.cand)}
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda").zero_
     llama = MODELS["llama"]
     cases = [(MODELS[m], DECODE_STEP, False) for m in ("llama", "gpt-oss", "gpt-oss-sliding")]
     cases += [(llama, DECODE_STEP, True), (*WINDOWED, False), (llama, MIXED_STEP, False), (llama, CHUNKS, False)]
+    cases = [c for c in cases if not args.only or args.only in c[1].name]
     rows = []
     for model, case, fp8 in cases:
         decode = case.kind == "decode"
