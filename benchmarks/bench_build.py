@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.bench_runtime import git_commit  # noqa: E402
 
 RSS_PROBE = r"""
 import json, sys, time
@@ -98,8 +100,7 @@ extra = dict(variant=art.variant.name)
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, CPU build machine",
         "command": "python benchmarks/bench_build.py " + " ".join(sys.argv[1:]),
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
+        "git_commit": git_commit(),
         "spec": args.spec, "variants": n, "jobs": args.jobs,
         "cold_build_s": cold, "variants_per_minute": n / cold * 60, "warm_build_s": warm,
         "warm_build_counts": report["counts"], "cache_counters": stats["counters"],

@@ -50,12 +50,19 @@ def import_fa3():
 
 
 def git_commit() -> str:
-    """AOTC_GIT_COMMIT when set (the GPU machine gets a copy of the tree without its history), else git."""
+    """AOTC_GIT_COMMIT when set (the GPU machine gets a copy of the tree whose git history may be older than its
+    files), else git's HEAD, with "+uncommitted" when tracked files differ from it: a result file's git_commit
+    names the commit whose kernels ran, so a tree that is not that commit never passes for it."""
     env = os.environ.get("AOTC_GIT_COMMIT")
     if env:
         return env
-    r = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else "unknown"
+    head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                             capture_output=True, text=True)
+    dirty = changed.returncode != 0 or changed.stdout.strip()
+    return head.stdout.strip() + ("+uncommitted" if dirty else "")
 
 
 def result_header(script: str, args: list[str] | None = None) -> dict:

@@ -78,3 +78,26 @@ def test_each_program_finds_the_repository_and_what_it_imports(script):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             bare = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             assert not [m for m in bare if m.split(".")[0] in MODULES], f"line {node.lineno}: import as benchmarks.x"
+
+
+def test_git_commit_says_when_the_tree_is_not_its_head(tmp_path, monkeypatch):
+    """A result file's git_commit names the commit whose kernels ran: a tree whose tracked files differ from
+    HEAD (the GPU machine's copy can carry older history than its files) is marked, AOTC_GIT_COMMIT wins."""
+    import subprocess
+
+    from benchmarks import bench_runtime
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    (tmp_path / "k.py").write_text("a = 1\n")
+    git("add", "k.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD").strip()
+    monkeypatch.setattr(bench_runtime, "ROOT", tmp_path)
+    monkeypatch.delenv("AOTC_GIT_COMMIT", raising=False)
+    assert bench_runtime.git_commit() == head
+    (tmp_path / "k.py").write_text("a = 2\n")
+    assert bench_runtime.git_commit() == head + "+uncommitted"
+    monkeypatch.setenv("AOTC_GIT_COMMIT", "abc123")
+    assert bench_runtime.git_commit() == "abc123"
