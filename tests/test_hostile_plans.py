@@ -173,6 +173,23 @@ def test_attention_steps_stay_out_of_the_decode_rows_workspace(launches):
     assert len(launches) == 2  # the decode rows' kernel and the paged prefill kernel
 
 
+@pytest.mark.parametrize("name, bad", [("max_seqlen_q", -1), ("max_seqlen_q", True), ("min_seqlen_q", "17"),
+                                       ("min_seqlen_q", 2.0)])
+def test_a_plan_step_checks_its_bounds_on_the_query_counts(launches, name, bad):
+    """checked_run's max_seqlen_q / min_seqlen_q decide which kernels launch: -1 would have skipped the paged
+    kernel (the longer rows never written), a string raised a bare TypeError."""
+    total = 40
+    q, o = rec(1 << 48, (total, H, D)), rec((1 << 48) + GAP, (total, H, D))
+    k, v = rec((1 << 48) + 2 * GAP, (64, 16, H_KV, D)), rec((1 << 48) + 3 * GAP, (64, 16, H_KV, D))
+    cu, sl, pt = rec(1 << 43, (B + 1,), "int32"), rec(1 << 44, (B,), "int32"), rec(1 << 45, (B, 16), "int32")
+    plan = A.AttentionPlan(AttentionRuntime(), q, k, v, o, cu, sl, pt)
+    with pytest.raises(ArgumentError) as e:
+        plan.checked_run(q.ptr, o.ptr, **{name: bad})
+    assert e.value.name == name and launches == []
+    plan.checked_run(q.ptr, o.ptr, max_seqlen_q=None, min_seqlen_q=None)
+    assert len(launches) == 2  # the decode rows' kernel and the paged prefill kernel
+
+
 def test_the_packed_prefill_is_not_chosen_for_2_31_elements_a_batch():
     """The portable family's packed kernels offset a batch's rows in 32 bits: one sequence of 2^21 tokens x
     16 heads x 128 takes the general (Int64 strides) kernel."""

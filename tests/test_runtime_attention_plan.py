@@ -228,3 +228,73 @@ def test_a_dense_plan_launches_with_its_own_page_table(launches, monkeypatch):
         plan.run(q.ptr, o.ptr, page_table=1 << 44)
     A.attention(rt, q, k, v, o, cu, sl, None)  # the cached plan, its own table
     assert launches[-1]["page_table"] == 1 << 45
+
+
+# ---- bounds and scalars an engine gets wrong ----------------------------------------------------------------
+@pytest.fixture
+def dense_table(monkeypatch):
+    """Dense KV plans write a page table of their own: no device memory here."""
+    from aotc.runtime import driver
+
+    monkeypatch.setattr(driver, "DeviceBuffer", lambda nbytes: SimpleNamespace(ptr=1 << 45, nbytes=nbytes))
+    monkeypatch.setattr(driver, "copy_to_device", lambda ptr, data: None)
+
+
+def dense_caches(batch, s_max, base=1 << 40):
+    shape = (batch, s_max, H_KV, D)
+    return (tensor(base, shape, packed_strides(shape), "bf16"),
+            tensor(base + GAP, shape, packed_strides(shape), "bf16"))
+
+
+def test_a_kv_bound_past_the_page_table_is_refused_before_any_launch(launches):
+    """The kernels cut a sequence's keys at its page-table row's end: a step told it may hold more keys than the
+    rows do would run and be silently wrong (an engine's block table built for another page size)."""
+    q, k, v, o, cu, sl, pt, _ = step(10)  # page_table [B, 4] of 16-key pages: 64 keys a sequence
+    A.attention(FakeRuntime(), q, k, v, o, cu, sl, pt, max_seqlen_kv=64)
+    assert len(launches) == 1
+    for bound in (65, 5000):
+        with pytest.raises(ArgumentError, match=r"page_table.shape\[1\].*ceil\(max_seqlen_kv / page_size\)") as e:
+            A.attention(FakeRuntime(), q, k, v, o, cu, sl, pt, max_seqlen_kv=bound)
+        assert e.value.value == 4 and f"= {-(-bound // 16)} pages" in str(e.value)
+        with pytest.raises(ArgumentError, match=r"page_table.shape\[1\]"):
+            A.AttentionPlan(FakeRuntime(), q, k, v, o, cu, sl, pt, max_seqlen_kv=bound)
+    rt = FakeRuntime()  # a cached plan checks each call's bound too (it keys on whether the bound is long only)
+    A.attention(rt, q, k, v, o, cu, sl, pt, max_seqlen_kv=10)
+    with pytest.raises(ArgumentError, match=r"page_table.shape\[1\]"):
+        A.attention(rt, q, k, v, o, cu, sl, pt, max_seqlen_kv=100)
+    assert len(launches) == 2
+
+
+def test_a_kv_bound_past_dense_caches_is_refused(launches, dense_table):
+    q, _, _, o, cu, sl, _, _ = step(10)
+    k, v = dense_caches(B, 128)
+    A.attention(FakeRuntime(), q, k, v, o, cu, sl, None, max_seqlen_kv=128)
+    with pytest.raises(ArgumentError, match=r"k_cache.shape\[1\].*max_seqlen_kv = 100000 \(dense KV\)"):
+        A.attention(FakeRuntime(), q, k, v, o, cu, sl, None, max_seqlen_kv=100000)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("cu_len", [0, 1])
+def test_dense_kv_without_a_sequence_names_cu_seqlens_q(launches, dense_table, cu_len):
+    """Dense KV reads B caches from cu_seqlens_q's B: with none (cu_seqlens_q of 0 or 1 entries) the error
+    names cu_seqlens_q, not the caches' batch."""
+    q, _, _, o, _, _, _, _ = step(0)
+    k, v = dense_caches(max(cu_len - 1, 0), 128)
+    cu = tensor(1 << 41, (cu_len,), (1,), "int32")
+    sl = tensor(1 << 42, (max(cu_len - 1, 0),), (1,), "int32")
+    with pytest.raises(ArgumentError) as e:
+        A.attention(FakeRuntime(), q, k, v, o, cu, sl, None)
+    assert e.value.name == "cu_seqlens_q.shape[0]" and e.value.value == cu_len
+    assert not launches
+
+
+@pytest.mark.parametrize("name, bad", [("window_left", [127, 0]), ("kv_layout", ["NHD"]), ("softcap", [30.0]),
+                                       ("softmax_scale", [0.125]), ("window_left", -1), ("softcap", float("nan"))])
+def test_the_key_scalars_are_checked_before_they_are_hashed(launches, name, bad):
+    """The one-call path keys its plan on kv_layout, softmax_scale, window_left and softcap: a list (an engine's
+    flash-attn style window_size=[left, right]) would raise a bare TypeError in the plan cache."""
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    with pytest.raises(ArgumentError) as e:
+        A.attention(FakeRuntime(), q, k, v, o, cu, sl, pt, **{name: bad})
+    assert e.value.name == name
+    assert not launches

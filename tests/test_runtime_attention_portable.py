@@ -328,7 +328,7 @@ def test_the_paged_kernel_runs_its_widest_kv_tile_from_paged_long_kv(device):
     or none the 128-key one; the choice is part of the one-call path's plan key, so both plans stay cached."""
     device.cc = (9, 0)
     rt = Runtime([hopper(block_n=128), hopper(block_n=176)])
-    q, k, v, o, cu, sl, pt, ls = step()
+    q, k, v, o, cu, sl, pt, ls = step(max_pages=1 << 16)  # a page table that holds the largest bound's keys
     bounds = (None, 2048, A.PAGED_LONG_KV - 1, A.PAGED_LONG_KV, 1 << 20)
     widths = [A.AttentionPlan(rt, q, k, v, o, cu, sl, pt, ls, max_seqlen_kv=b).kernel.variant["block_n"]
               for b in bounds]

@@ -332,3 +332,12 @@ def test_one_call_api_reuses_the_plan_for_every_token_count(stub):
         kv_write(rt, a["key"], a["value"], a["k_cache"], a["v_cache"], rec(BASE + (2 << 24), (3,), "int64"),
                  kv_layout="BHSD")
     assert len(rt.plans) == 3
+
+
+@pytest.mark.parametrize("layout", [["NHD"], ("NHD",), b"NHD"])
+def test_the_one_call_path_checks_kv_layout_before_keying_a_plan_on_it(stub, layout):
+    """kv_layout goes into the plan key: a list would raise a bare TypeError (unhashable) there."""
+    a, before = args(), _launch(stub)[1]
+    with pytest.raises(ArgumentError, match="kv_layout"):
+        kv_write(StubRuntime(), *a.values(), kv_layout=layout)
+    assert _launch(stub)[1] == before

@@ -28,7 +28,8 @@ decode kernel's and gives the paged kernel every row, so a wrong lower bound cos
 decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
 rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
 PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128: 176 keys, FA3's
-tile, against 128, at every page size), from half dense prefill's LONG_KV.
+tile, against 128, at every page size), from half dense prefill's LONG_KV; past the keys the page table holds
+(page_table.shape[1] * page_size; dense KV: S_max) it is refused.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
@@ -53,7 +54,7 @@ from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
-from .features import check_features, feature_scalars, missing_kernel
+from .features import check_feature_scalars, check_features, feature_scalars, missing_kernel
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .kv_scales import check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
@@ -102,8 +103,7 @@ def _check_operands(t: dict[str, TensorArg], kv_layout: str) -> tuple:
     total_q, heads_q, head_dim = q.shape
     for axis in range(3):
         V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
-    if kv_layout not in ("NHD", "HND"):
-        raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, page_size, D])")
+    V.kv_layout(kv_layout)
     for name in ("k_cache", "v_cache"):
         V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD) or pages, H_kv, page_size, D (HND)")
     tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
@@ -332,12 +332,17 @@ class AttentionPlan(Plan):
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
         sl = as_tensor(seqlens_kv, "seqlens_kv")
         ls = None if lse is None else as_output(lse, "lse")
-        check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q)
+        check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q, kv_layout=kv_layout,
+                      softmax_scale=softmax_scale, window_left=window_left, softcap=softcap)
         device = runtime.device()
         self.dense = None
         if page_table is None:  # dense KV: the caches as page pools, with a page table of the plan's own
             V.int32_vector(cuq, "cu_seqlens_q", "B + 1")
-            batch = max(cuq.shape[0] - 1, 0)
+            if cuq.shape[0] < 2:
+                raise ArgumentError("cu_seqlens_q.shape[0]", cuq.shape[0],
+                                    "B + 1 >= 2 with dense KV (page_table=None): an empty batch has no cache to read; "
+                                    "skip the call, or pass a paged pool and page table, which take B = 0")
+            batch = cuq.shape[0] - 1
             # the Hopper kernels' page sizes, else (none loaded for this device) the portable ones'
             served = served_pages(runtime, device, FAMILY) or served_pages(runtime, device, PORTABLE)
             self.dense = dense_as_pool(t["k_cache"], t["v_cache"], kv_layout, batch, served)
@@ -355,6 +360,9 @@ class AttentionPlan(Plan):
                                              softcap, sinks)
         hopper = self.prefill_family == FAMILY
         d = (check_attention if hopper else check_portable_attention)(runtime, device, t, cuq, sl, pt, ls, kv_layout)
+        # the keys a sequence can have: the kernels cut a longer seqlens_kv at its page-table row's end
+        self._kv_pages = (pt.shape[1], d.page, 1 if kv_layout == "NHD" else 2)  # (max_pages, page, token axis)
+        self.check_max_seqlen_kv(max_seqlen_kv)
         softmax_scale = V.softmax_scale(softmax_scale, d.head_dim)
         feats = check_features(window_left, softcap, sinks, heads_q=d.heads_q, device=device, causal=causal,
                                softmax_scale=softmax_scale)
@@ -479,6 +487,18 @@ class AttentionPlan(Plan):
         self._rows[total_q, lse_stride_h] = rows
         return rows
 
+    def check_max_seqlen_kv(self, max_seqlen_kv: int | None) -> None:
+        """A step's bound on its KV lengths against the keys the page table (dense: S_max) holds: a longer
+        sequence would be cut at its row's end, its output silently wrong."""
+        max_pages, page, tok_ax = self._kv_pages
+        if max_seqlen_kv is None or max_seqlen_kv <= max_pages * page:
+            return
+        if self.dense is not None:
+            raise ArgumentError(f"k_cache.shape[{tok_ax}]", max_pages * page,
+                                f"at least max_seqlen_kv = {max_seqlen_kv} (dense KV)")
+        raise ArgumentError("page_table.shape[1]", max_pages,
+                            f"at least ceil(max_seqlen_kv / page_size) = {-(-max_seqlen_kv // page)} pages")
+
     def no_decode_rows(self, min_seqlen_q: int | None) -> bool:
         """Whether a step with this lower bound on its query counts leaves the decode kernel nothing (it is not
         launched then, and the paged kernel takes every row)."""
@@ -489,7 +509,7 @@ class AttentionPlan(Plan):
             min_seqlen_q: int | None | object = PREPARED) -> None:
         """One step with new raw pointers for the token count the plan was last given (0: the prepared
         metadata tensor); max_seqlen_q, min_seqlen_q: this step's bounds on its query counts (None: no bound;
-        by default the prepared ones)."""
+        by default the prepared ones), taken as given (checked_run checks them)."""
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         cu, sl, pt = self._prepared
@@ -529,6 +549,8 @@ class AttentionPlan(Plan):
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
         and lse's head stride; None: as the last call), after checking that out and lse overlap no input;
         nothing about the plan changes for a call refused."""
+        check_step_bounds(None if max_seqlen_q is PREPARED else max_seqlen_q,
+                          None if min_seqlen_q is PREPARED else min_seqlen_q)
         rows = self._current
         if total_q is not None:
             sh = rows.lse_stride_h if lse_stride_h is None else lse_stride_h
@@ -562,15 +584,26 @@ class AttentionPlan(Plan):
                          None if recs[2] is None else recs[2].strides[0])
 
 
-def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q=None) -> None:
-    """The call's scalar arguments (the one-call path checks them before building its key, the plan when made)."""
+def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q=None, *, kv_layout="NHD",
+                  softmax_scale=None, window_left=None, softcap=None) -> None:
+    """The call's scalar arguments (the one-call path checks them before building its key, which hashes them:
+    a list or an array would raise a bare TypeError there; the plan when made)."""
     if not isinstance(causal, bool):
         raise ArgumentError("causal", causal, "True or False")
-    V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")
-    V.optional_count(min_seqlen_q, "min_seqlen_q", "a lower bound on the query counts of the step's sequences")
+    check_step_bounds(max_seqlen_q, min_seqlen_q)
     V.optional_count(max_seqlen_kv, "max_seqlen_kv", "a bound on the step's KV lengths")
+    V.kv_layout(kv_layout)
+    if softmax_scale is not None:
+        V.softmax_scale_value(softmax_scale)
+    check_feature_scalars(window_left, softcap)
     V.int_in(decode_query_len, "decode_query_len", 0, DECODE_MAX_Q,
              ": sequences of at most this many queries go to the decode kernel")
+
+
+def check_step_bounds(max_seqlen_q, min_seqlen_q) -> None:
+    """A step's bounds on its query counts (None: no bound)."""
+    V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")
+    V.optional_count(min_seqlen_q, "min_seqlen_q", "a lower bound on the query counts of the step's sequences")
 
 
 def q_token_bytes(q: TensorArg) -> int | None:
@@ -614,7 +647,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks, k_descale,
                          v_descale)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
-    check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q)
+    check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q, kv_layout=kv_layout,
+                  softmax_scale=softmax_scale, window_left=window_left, softcap=softcap)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= PAGED_LONG_KV
     s = as_stream(stream)
@@ -627,6 +661,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             total_q = q.shape[0]
             if out.shape[0] != total_q or (lse is not None and lse.shape[1] != total_q):
                 _total_q(as_tensor(q, "q"), as_output(out, "out"), None if lse is None else as_output(lse, "lse"))
+            plan.check_max_seqlen_kv(max_seqlen_kv)
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
                              0 if page_table is None else page_table.data_ptr(), s,
@@ -645,6 +680,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
         max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk,
         k_descale=kds, v_descale=vds))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
+    plan.check_max_seqlen_kv(max_seqlen_kv)  # the plan saw it only when long (it keys on long_kv)
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,

@@ -320,8 +320,7 @@ def check_decode(runtime, device: int, t: dict[str, TensorArg], sl: TensorArg, p
         _, heads_q, head_dim = q.shape
     for axis in range(len(q.shape)):
         V.dim(o, "out", axis, "dim", q.shape[axis], "the shape of q")
-    if kv_layout not in ("NHD", "HND"):
-        raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, page_size, D])")
+    V.kv_layout(kv_layout)
     for name in ("k_cache", "v_cache"):
         V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD) or pages, H_kv, page_size, D (HND); dense: "
                                  "B, S, H_kv, D (NHD) or B, H_kv, S, D (HND)")

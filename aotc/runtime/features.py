@@ -57,21 +57,27 @@ class Features:
 
 
 
+def check_feature_scalars(window_left, softcap) -> None:
+    """window_left's and softcap's types and ranges alone (the one-call paths check them before hashing them
+    into a plan key; check_features checks the rest)."""
+    if window_left is not None and (not isinstance(window_left, int) or isinstance(window_left, bool)
+                                    or not 0 <= window_left <= V.INT32_MAX):
+        raise ArgumentError("window_left", window_left, f"None (no window) or an int in [0, {V.INT32_MAX}]: a row at "
+                                                        "position p sees keys p - window_left .. p")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap <= 0):
+        raise ArgumentError("softcap", softcap, "None (no soft-cap) or a finite float > 0")
+
+
 def check_features(window_left, softcap, sinks, *, heads_q: int, device: int, causal: bool = True,
                    softmax_scale: float = 1.0) -> Features:
     """Validate the feature arguments of one call (heads_q: sinks' extent; causal: whether the call's
     mask is causal, which a window needs; softmax_scale: the call's, which the kernels divide by softcap)."""
-    if window_left is not None:
-        if not isinstance(window_left, int) or isinstance(window_left, bool) or not 0 <= window_left <= V.INT32_MAX:
-            raise ArgumentError("window_left", window_left, f"None (no window) or an int in [0, {V.INT32_MAX}]: a row at "
-                                                            "position p sees keys p - window_left .. p")
-        if not causal:
-            raise ArgumentError("window_left", window_left, "None with causal=False (a window bounds the causal "
-                                                            "keys from below: pass causal=True)")
+    check_feature_scalars(window_left, softcap)
+    if window_left is not None and not causal:
+        raise ArgumentError("window_left", window_left, "None with causal=False (a window bounds the causal "
+                                                        "keys from below: pass causal=True)")
     if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
-                or softcap <= 0:
-            raise ArgumentError("softcap", softcap, "None (no soft-cap) or a finite float > 0")
         softcap = float(softcap)
         # the kernels take softcap and softmax_scale / softcap as float32 (1e39 would be inf, 1e-46 zero)
         if not V.f32_normal(softcap) or not V.f32_normal(softmax_scale / softcap):

@@ -197,9 +197,7 @@ def check_kv_write(runtime, device: int, t: dict[str, TensorArg], kv_layout: str
     rows, heads_kv, head_dim = key.shape
     for axis, axis_name in enumerate(("tokens", "H_kv", "D")):
         V.dim(value, "value", axis, axis_name, key.shape[axis], "the shape of key")
-    if kv_layout not in ("NHD", "HND"):
-        raise ArgumentError("kv_layout", kv_layout, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' "
-                                                    "([pages, H_kv, page_size, D])")
+    V.kv_layout(kv_layout)
     tok_ax, head_ax = (1, 2) if kv_layout == "NHD" else (2, 1)
     for name in ("k_cache", "v_cache"):
         V.ndim(t[name], name, 4, "pages, page_size, H_kv, D (NHD) or pages, H_kv, page_size, D (HND)")
@@ -252,6 +250,7 @@ def kv_write(runtime, key, value, k_cache, v_cache, slot_mapping, *, kv_layout="
              k_scale=None, v_scale=None) -> None:
     """One call (Runtime.kv_write): the plan for these pools and layouts is prepared once and cached, whatever
     the token count."""
+    V.kv_layout(kv_layout)  # before it is hashed into a plan key
     seen = torch_layouts(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     if seen is not None:  # torch tensors: a key from their layouts (less the token counts) and the pools' pointers
         fast = torch_key(FAMILY, runtime.device(), (*_torch_io_layout((seen[0], seen[1], seen[4])), *seen[2:4],

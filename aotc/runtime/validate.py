@@ -21,11 +21,23 @@ def softmax_scale(value, head_dim: int) -> float:
     normal range (1e39 would reach the kernel as inf)."""
     if value is None:
         return 1.0 / math.sqrt(head_dim)
+    return softmax_scale_value(value)
+
+
+def softmax_scale_value(value) -> float:
+    """A caller's softmax scale (not None), checked: softmax_scale() without the default."""
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
             or not f32_normal(value)):
         raise ArgumentError("softmax_scale", value, f"a finite positive float within float32's normal range "
                                                     f"[{FLT_MIN:.3g}, {FLT_MAX:.3g}]")
     return float(value)
+
+
+def kv_layout(value) -> None:
+    """A paged pool's layout name."""
+    if not isinstance(value, str) or value not in ("NHD", "HND"):
+        raise ArgumentError("kv_layout", value, "'NHD' ([pages, page_size, H_kv, D]) or 'HND' ([pages, H_kv, "
+                                                "page_size, D])")
 
 
 def dtype(t: TensorArg, name: str, allowed: tuple[str, ...]) -> None:

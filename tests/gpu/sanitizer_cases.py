@@ -170,7 +170,8 @@ def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_s
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         H_q, H_kv = 8, 2
         need = [-(-s_kv // page) for _, s_kv in seqs]
-        width = max(need) + 1
+        # the rows' padding holds max_seqlen_kv's keys: a bound past the page table is refused
+        width = max(max(need) + 1, -(-(max_seqlen_kv or 0) // page))
         for layout in ("NHD", "HND") if picks is None else ("NHD",):
             shape = (sum(need) + 1, page, H_kv, D) if layout == "NHD" else (sum(need) + 1, H_kv, page, D)
             k, v = torch.randn(shape, device="cuda", dtype=t), torch.randn(shape, device="cuda", dtype=t)
