@@ -190,6 +190,29 @@ def test_a_plan_step_checks_its_bounds_on_the_query_counts(launches, name, bad):
     assert len(launches) == 2  # the decode rows' kernel and the paged prefill kernel
 
 
+@pytest.mark.parametrize("name, bad", [("window_left", [127, 0]), ("kv_layout", ["NHD"]), ("softcap", [30.0]),
+                                       ("max_seqlen_kv", [4096]), ("chunks", {"n": 4})])
+def test_the_one_call_decode_names_an_unhashable_scalar(launches, name, bad):
+    """Runtime.decode hashes its scalars into its plan key: a list (flash-attn's window_size=[left, right])
+    is an ArgumentError naming it, not a bare TypeError from the plan cache."""
+    q, k, v, o, sl, pt = decode_args()
+    with pytest.raises(ArgumentError) as e:
+        dec.decode(DecodeRuntime(), q, k, v, o, sl, pt, **{name: bad})
+    assert e.value.name == name and launches == []
+
+
+@pytest.mark.parametrize("name, bad", [("window_left", [127, 0]), ("softmax_scale", [0.125]),
+                                       ("max_seqlen_q", [64]), ("family", ["auto"])])
+def test_the_one_call_prefill_names_an_unhashable_scalar(launches, name, bad):
+    from aotc.runtime.prefill import prefill
+
+    shape = (2, 64, H, D)
+    q, k, v, o = (rec((1 << 48) + i * GAP, shape) for i in range(4))
+    with pytest.raises(ArgumentError) as e:
+        prefill(DecodeRuntime(), q, k, v, o, causal=True, **{name: bad})
+    assert e.value.name == name and launches == []
+
+
 def test_the_packed_prefill_is_not_chosen_for_2_31_elements_a_batch():
     """The portable family's packed kernels offset a batch's rows in 32 bits: one sequence of 2^21 tokens x
     16 heads x 128 takes the general (Int64 strides) kernel."""

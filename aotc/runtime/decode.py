@@ -394,6 +394,8 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
     """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached
     (without a workspace of the caller's it takes room in the device's arena, aotc.runtime.workspace; the
     plan is not per stream, so a CUDA graph captured on its own stream after a warm-up call reuses it)."""
+    V.key_scalars(max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks, softmax_scale=softmax_scale,
+                  window_left=window_left, softcap=softcap)
     seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks, k_descale,
                          v_descale)
     s = as_stream(stream)

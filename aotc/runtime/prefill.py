@@ -371,6 +371,8 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
             cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto",
             window_left=None, softcap=None, sinks=None) -> None:
     """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
+    V.key_scalars(causal=causal, softmax_scale=softmax_scale, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+                  family=family, window_left=window_left, softcap=softcap)
     seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, sinks)
     scalars = feature_scalars(window_left, softcap)
     if seen is not None:  # torch tensors: their layouts, and the alignment bit that picks a specialization

@@ -33,6 +33,22 @@ def softmax_scale_value(value) -> float:
     return float(value)
 
 
+def key_scalars(**scalars) -> None:
+    """Scalar arguments a one-call path hashes into its plan key, each hashable (a list or an array would raise
+    a bare TypeError in the plan cache; their values are checked when the plan is made)."""
+    try:
+        hash(tuple(scalars.values()))
+        return
+    except TypeError:
+        pass
+    for name, value in scalars.items():
+        try:
+            hash(value)
+        except TypeError:
+            raise ArgumentError(name, value, f"a scalar (None, a bool, an int, a float or a str), not a "
+                                             f"{type(value).__name__}") from None
+
+
 def kv_layout(value) -> None:
     """A paged pool's layout name."""
     if not isinstance(value, str) or value not in ("NHD", "HND"):
