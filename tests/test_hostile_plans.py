@@ -213,6 +213,44 @@ def test_the_one_call_prefill_names_an_unhashable_scalar(launches, name, bad):
     assert e.value.name == name and launches == []
 
 
+def test_the_one_call_decode_keys_its_scalars_with_their_types(launches):
+    """A scalar refused when a plan is made must not find the plan of an equal valid value: softmax_scale=True
+    after softmax_scale=1 (equal, and hashed alike) was served by that plan."""
+    q, k, v, o, sl, pt = decode_args()
+    rt = DecodeRuntime()
+    dec.decode(rt, q, k, v, o, sl, pt, softmax_scale=1)
+    assert len(launches) == 1
+    with pytest.raises(ArgumentError) as e:
+        dec.decode(rt, q, k, v, o, sl, pt, softmax_scale=True)
+    assert e.value.name == "softmax_scale" and len(launches) == 1
+
+
+@pytest.mark.parametrize("good, bad", [({"causal": True}, {"causal": 1}), ({"softmax_scale": 1}, {"softmax_scale": True}),
+                                       ({"max_seqlen_q": 1}, {"max_seqlen_q": True})])
+def test_the_one_call_prefill_keys_its_scalars_with_their_types(monkeypatch, good, bad):
+    """Prefill's plan cache: causal=1 after causal=True (equal, and hashed alike) reused the plan instead of
+    reaching PrefillPlan, which refuses it. Each must make a plan of its own (here a recording stand-in)."""
+    import aotc.runtime.prefill as P
+
+    made = []
+
+    class RecordingPlan:
+        def __init__(self, runtime, q, k, v, out, lse, **kw):
+            made.append(kw)
+
+        def launch_records(self, *args):
+            pass
+
+    monkeypatch.setattr(P, "PrefillPlan", RecordingPlan)
+    rt = DecodeRuntime()
+    shape = (2, 64, H, D)
+    q, k, v, o = (rec((1 << 48) + i * GAP, shape) for i in range(4))
+    for scalars in (good, good, bad):
+        P.prefill(rt, q, k, v, o, **scalars)
+    (name, good_value), (_, bad_value) = *good.items(), *bad.items()
+    assert [type(m[name]) for m in made] == [type(good_value), type(bad_value)]  # the second good one reused the first
+
+
 def test_the_packed_prefill_is_not_chosen_for_2_31_elements_a_batch():
     """The portable family's packed kernels offset a batch's rows in 32 bits: one sequence of 2^21 tokens x
     16 heads x 128 takes the general (Int64 strides) kernel."""

@@ -399,9 +399,11 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
     seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks, k_descale,
                          v_descale)
     s = as_stream(stream)
+    # typed: softmax_scale=True or chunks=4.0 (refused when a plan is made) never find the plan of 1 or 4
+    scalars = V.typed(max_seqlen_kv, kv_layout, chunks, softmax_scale) + feature_scalars(window_left, softcap)
     if seen is not None:  # torch tensors: a key from their layouts and the caches' pointers (see torch_key)
         fast = torch_key(FAMILY, runtime.device(), seen, (k_cache, v_cache, workspace, sinks, k_descale, v_descale),
-                         (max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap)))
+                         scalars)
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
@@ -417,7 +419,7 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
     key = (FAMILY, runtime.device(), kr.ptr, vr.ptr,
            None if wsr is None else (wsr.ptr, wsr.shape, wsr.strides, wsr.dtype, wsr.device),
            tuple(None if r is None else (r.shape, r.strides, r.dtype, r.device) for r in recs[:7]),
-           max_seqlen_kv, kv_layout, chunks, softmax_scale, feature_scalars(window_left, softcap),
+           scalars,
            tuple(None if x is None else (x.ptr, x.shape, x.strides, x.dtype, x.device) for x in extra))
     plan = cached_plan(runtime, key, lambda: DecodePlan(
         runtime, qr, kr, vr, outr, slr, ptr, lsr, max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks,

@@ -116,6 +116,5 @@ def _toml(v) -> str:
 
 
 def feature_scalars(window_left, softcap) -> tuple:
-    """The feature values as a plan-cache key: with their types, so True (refused) never finds the plan
-    of window_left=1, nor 1 that of 1.0."""
-    return (type(window_left).__name__, window_left, type(softcap).__name__, softcap)
+    """The feature values as a plan-cache key, with their types (validate.typed)."""
+    return V.typed(window_left, softcap)

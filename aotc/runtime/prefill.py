@@ -374,12 +374,12 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
     V.key_scalars(causal=causal, softmax_scale=softmax_scale, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
                   family=family, window_left=window_left, softcap=softcap)
     seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, sinks)
-    scalars = feature_scalars(window_left, softcap)
+    # typed: causal=1 or softmax_scale=True (refused when a plan is made) never find the plan of True or 1
+    scalars = V.typed(family, causal, softmax_scale, max_seqlen_q, max_seqlen_kv) + feature_scalars(window_left, softcap)
     if seen is not None:  # torch tensors: their layouts, and the alignment bit that picks a specialization
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr())
         fast = torch_key(FAMILY, runtime.device(), seen, (sinks,),
-                         (family, causal, softmax_scale, max_seqlen_q, max_seqlen_kv,
-                          not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15, scalars))
+                         (not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) & 15, scalars))
         plan = runtime.plans.get(fast)
         if plan is not None:
             plan.checked_run(*ptrs, 0 if lse is None else lse.data_ptr(),
@@ -391,7 +391,7 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
     cuq = None if cu_seqlens_q is None else as_tensor(cu_seqlens_q, "cu_seqlens_q")
     cuk = None if cu_seqlens_kv is None else as_tensor(cu_seqlens_kv, "cu_seqlens_kv")
     snk = None if sinks is None else as_tensor(sinks, "sinks")
-    key = (FAMILY, family, runtime.device(),
+    key = (FAMILY, runtime.device(),
            layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv,
                       (scalars, None if snk is None else (snk.ptr, snk.shape, snk.strides, snk.dtype, snk.device))),
            all(x.ptr % 16 == 0 for x in t.values()))

@@ -49,6 +49,12 @@ def key_scalars(**scalars) -> None:
                                              f"{type(value).__name__}") from None
 
 
+def typed(*values) -> tuple:
+    """Scalars as a plan-cache key with their types: True (refused where an int or a float is asked for) never finds
+    the plan of 1, nor 1 that of 1.0 (equal values hash alike)."""
+    return tuple((type(v).__name__, v) for v in values)
+
+
 def kv_layout(value) -> None:
     """A paged pool's layout name."""
     if not isinstance(value, str) or value not in ("NHD", "HND"):
