@@ -8,11 +8,13 @@ from cutlass.tensor_utils import LayoutEnum
 
 
 def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """View a wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols) of this thread."""
+    """View a wgmma accumulator ((2, 2, N/8), MMA_M, MMA_N) as (rows, cols) of this thread (N = 8: ((2, 2),
+    MMA_M, MMA_N))."""
     lay = acc.layout
+    n8, n8_stride = (lay.shape[0][2], lay.stride[0][2]) if len(lay.shape[0]) == 3 else (1, 0)
     mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[0][2], lay.stride[2])),
+        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], n8, lay.shape[2])),
+        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], n8_stride, lay.stride[2])),
     )
     return cute.make_tensor(acc.iterator, mn)
 
@@ -39,14 +41,17 @@ def smem_layout(dtype, rows: int, head_dim: int, stages: int):
     return cute.tile_to_shape(atom, (rows, head_dim, stages), (0, 1, 2))
 
 
-def gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool):
-    """Issue acc (+)= A B over every k slice as one wgmma group (the caller waits with wait_group)."""
+def gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool, also=None):
+    """Issue acc (+)= A B over every k slice as one wgmma group (the caller waits with wait_group).
+    also: (tiled_mma, acc, frag_b) of a second GEMM of the same A, accumulated into its acc in the same group."""
     warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in range(cute.size(frag_a.shape[2])):  # static: a plain Python loop (not traced)
-        cute.gemm(atom, acc, frag_a[None, None, k], frag_b[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
+    gemms = [(tiled_mma, acc, frag_b, zero_init)] + ([(also[0], also[1], also[2], False)] if also else [])
+    for mma, c, b, zero in gemms:
+        atom = cute.make_mma_atom(mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero)
+        for k in range(cute.size(frag_a.shape[2])):  # static: a plain Python loop (not traced)
+            cute.gemm(atom, c, frag_a[None, None, k], b[None, None, k], c)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
 
 

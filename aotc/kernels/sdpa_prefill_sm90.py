@@ -131,6 +131,12 @@ class SdpaPrefillSm90:
         # soft-cap with bf16 P: a second kv loop whose softmax takes p against the cap's fixed offset (no row max,
         # no O rescale), run when the softcap value allows it (aotc.kernels.softmax: capped_softmax_row)
         self.capped = self.softcap and self.mma_dtype == cutlass.BFloat16
+        # and, up to D128, its row sums from the tensor cores: P times a block of ones (an m64n8 wgmma per k slice, in
+        # the PV GEMM's group) in place of an FADD a score, in a softmax bound by its instruction issue: D128 4.1% fewer
+        # SM cycles; D256, whose tensor pipe is 93% busy, 4.5% more (benchmarks/results/prefill_softcap_sum_mma.json)
+        self.sum_by_mma = self.capped and D <= 128
+        if self.sum_by_mma and 8 * (4 + 8 * stages) > self.ONES_BYTE:
+            raise ValueError(f"{variant.name}: {stages} stages' mbarriers overlap the row sums' ones at byte {self.ONES_BYTE}")
         self.sep_o = t.separate_o(D, self.fp8)
         # (a tile without room for an O tile of its own stages O in Q's slab; staging it in the last kv block's V
         # stage instead, FA3's smem_o over smem_v, with Q released after the last S GEMM, took 7% more SM cycles at
@@ -246,6 +252,10 @@ class SdpaPrefillSm90:
     CONVERT_WARPS = 3  # fp8 KV: producer warps 1..3 convert the staging tiles
     CONVERT_UNROLL = 6  # fp8 KV: 16-byte units a conversion thread has in flight (8 spilled at 56 registers)
     SCRATCH_BYTES = 512  # fp8 KV: q_to_f16's per-warp maxima, in the barrier block past the mbarriers
+    # sum_by_mma: the B operand of the row sums' GEMM, two 8 x 8 core matrices of ones (256 bytes) in the barrier block
+    # between the mbarriers (at most 4 + 8 * stages of 8 bytes) and the scratch; every k slice reads the same two
+    ONES_BYTE = 256
+    ONES_N = 8  # columns of the row sums' GEMM (wgmma's narrowest); each holds the whole row sum
 
     def ring(self, g):
         """(stage, phase) of the g-th kv block through the ring (g counts across tiles)."""
@@ -513,9 +523,11 @@ class SdpaPrefillSm90:
         gemm(ctx.mma_qk, acc_S, ctx.tSrQ, ctx.tSrK[None, None, None, s], zero_init=True)
         return acc_S
 
-    def issue_pv(self, ctx, s):
-        """O += P V[stage s] (P from registers), issued, not waited for."""
-        gemm(ctx.mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrVt[None, None, None, s], zero_init=False)
+    def issue_pv(self, ctx, s, fixed: cutlass.Constexpr):
+        """O += P V[stage s] (P from registers), issued, not waited for; with fixed and sum_by_mma also the row
+        sums, acc_L += P ones, in the same group."""
+        also = (ctx.mma_sum, ctx.acc_L, ctx.tLrOnes) if fixed and self.sum_by_mma else None
+        gemm(ctx.mma_pv, ctx.acc_O, ctx.tOrP, ctx.tOrVt[None, None, None, s], zero_init=False, also=also)
 
     @cute.jit
     def softmax(self, ctx, acc_S, n, masked: cutlass.Constexpr, fixed: cutlass.Constexpr):
@@ -544,7 +556,7 @@ class SdpaPrefillSm90:
             # FA3's order (every row's max and alpha, then the exp2s), or O's rescale written between the exp2s,
             # measured no faster (benchmarks/results/prefill_experiment_softmax_order.json)
             if cutlass.const_expr(fixed):
-                capped_softmax_row(S_mn, row_max, row_sum, r, scale_log2)
+                capped_softmax_row(S_mn, row_max, None if self.sum_by_mma else row_sum, r, scale_log2)
             else:
                 alpha = softmax_row(S_mn, row_max, row_sum, r, scale_log2)
                 ctx.alpha[r] = alpha
@@ -657,7 +669,7 @@ class SdpaPrefillSm90:
         # (benchmarks/results/prefill_rescale_before_pv.json)
         self.rescale_o(ctx, fixed)
         cute.arch.mbarrier_wait(bars + self.v_full(sp), phase_p)
-        self.issue_pv(ctx, sp)
+        self.issue_pv(ctx, sp, fixed)
         self.sched_arrive(ctx)
         warpgroup.wait_group(1)  # S(t) done; PV(t-1) may still run
         if ctx.lane == 0:
@@ -690,7 +702,7 @@ class SdpaPrefillSm90:
         self.rescale_o(ctx, fixed)
         cute.arch.mbarrier_wait(bars + self.v_full(s), phase)
         self.sched_sync(ctx)
-        self.issue_pv(ctx, s)
+        self.issue_pv(ctx, s, fixed)
         self.sched_arrive(ctx)
         warpgroup.wait_group(0)
         if ctx.lane == 0:
@@ -783,6 +795,8 @@ class SdpaPrefillSm90:
         tile.acc_O.fill(0.0)
         tile.row_max.fill(NEG_INF)
         tile.row_sum.fill(0.0)
+        if cutlass.const_expr(self.sum_by_mma):
+            tile.acc_L.fill(0.0)
         cute.arch.mbarrier_wait(tile.bars + self.Q_FULL, q_count & 1)
         if cutlass.const_expr(self.fp8):
             # the GEMMs run in fp16: bf16 queries rewritten as fp16 times 2^-e; the K scale and 2^e into the scores
@@ -807,6 +821,12 @@ class SdpaPrefillSm90:
                 if tile.fixed_offset:
                     tile.row_max.fill(tile.capped_row_max)
                     self.kv_loop(tile, n_max, n_iter, n_right, n_plain_end, g0, True)
+                    if cutlass.const_expr(self.sum_by_mma):
+                        # each thread of a quad holds its rows' whole sums; normalize_rows adds the quad's four
+                        # (exactly: quarters of one value)
+                        L_mn = acc_mn_view(tile.acc_L)
+                        for r in cutlass.range_constexpr(cute.size(tile.row_sum)):
+                            tile.row_sum[r] = L_mn[r, 0] * Float32(0.25)
                 else:
                     self.kv_loop(tile, n_max, n_iter, n_right, n_plain_end, g0, False)
             else:
@@ -1069,6 +1089,23 @@ class SdpaPrefillSm90:
             # P (fp16/bf16) in the A-operand layout of the PV GEMM, carried across iterations
             ctx.rP = cute.make_rmem_tensor(thr_qk.partition_shape_C((self.n_wg_rows, self.bn)), mt)
             ctx.tOrP = cute.make_tensor(ctx.rP.iterator, acc_to_a_operand(ctx.rP.layout))
+            if cutlass.const_expr(self.sum_by_mma):
+                ctx.mma_sum = sm90_utils.make_trivial_tiled_mma(
+                    mt, mt, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K, Float32,
+                    atom_layout_mnk=(1, 1, 1), tiler_mn=(self.n_wg_rows, self.ONES_N),
+                    a_source=warpgroup.OperandSource.RMEM)
+                ones = cute.recast_ptr(bars + self.ONES_BYTE // 8, dtype=mt)
+                if wg_index == 0:
+                    ones[wg_tid] = mt(1.0)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=self.ZERO_BAR, number_of_threads=self.n_wg * _WG)
+                # (ONES_N, block_n) K-major without swizzle: core matrices of 8 x 8 at 64 elements along k, the
+                # same two for every k slice of 16
+                sOnes = cute.make_tensor(ones, cute.make_layout(((self.ONES_N, 1), (8, (2, self.bn // 16))),
+                                                                stride=((8, 0), (1, (64, 0)))))
+                thr_sum = ctx.mma_sum.get_slice(wg_tid)
+                ctx.tLrOnes = thr_sum.make_fragment_B(thr_sum.partition_B(sOnes))
+                ctx.acc_L = cute.make_rmem_tensor(thr_sum.partition_shape_C((self.n_wg_rows, self.ONES_N)), Float32)
             score = ScoreScale(softmax_scale, softcap, self.softcap)
             ctx.scale_log2 = score.scale_log2
             ctx.cap_in = score.cap_in

@@ -76,11 +76,12 @@ def softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2, max_sl
 @cute.jit
 def capped_softmax_row(S_mn, row_max, row_sum, r: cutlass.Constexpr, scale_log2):
     """softmax_row for a soft-capped row whose max is the fixed offset row_max[r] (capped_row_max): S_mn[r]
-    becomes p = 2^(s * scale_log2 - offset), row_sum[r] gains their sum; the offset never moves, so there is no
-    factor to return (alpha = 1)."""
+    becomes p = 2^(s * scale_log2 - offset), row_sum[r] gains their sum (row_sum None: the caller sums P
+    elsewhere); the offset never moves, so there is no factor to return (alpha = 1)."""
     row = S_mn[r, None].load()
     p = cute.math.exp2(row * scale_log2 - row_max[r] * scale_log2, fastmath=True)
-    row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    if cutlass.const_expr(row_sum is not None):
+        row_sum[r] = row_sum[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
     S_mn[r, None].store(p)
 
 
