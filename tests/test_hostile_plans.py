@@ -251,6 +251,54 @@ def test_the_one_call_prefill_keys_its_scalars_with_their_types(monkeypatch, goo
     assert [type(m[name]) for m in made] == [type(good_value), type(bad_value)]  # the second good one reused the first
 
 
+class OneCallAttentionRuntime(AttentionRuntime):
+    def remember_plan(self, key, plan):
+        self.plans[key] = plan
+
+
+def test_numpy_integers_are_taken_as_ints_at_the_one_call_entry_points(launches, monkeypatch):
+    """Engines build step metadata with numpy (np.int64 bounds): every entry point takes any integer with __index__
+    as the int it is, one plan for np.int64(n) and n alike; numpy's bool is still refused, naming the argument."""
+    np = pytest.importorskip("numpy")
+    total = 40
+    q, o = rec(1 << 48, (total, H, D)), rec((1 << 48) + GAP, (total, H, D))
+    k, v = rec((1 << 48) + 2 * GAP, (64, 16, H_KV, D)), rec((1 << 48) + 3 * GAP, (64, 16, H_KV, D))
+    cu, sl, pt = rec(1 << 43, (B + 1,), "int32"), rec(1 << 44, (B,), "int32"), rec(1 << 45, (B, 16), "int32")
+    rt = OneCallAttentionRuntime()
+    for bounds in ({"max_seqlen_q": np.int64(total), "max_seqlen_kv": np.int32(256), "min_seqlen_q": np.int64(1),
+                    "decode_query_len": np.int64(1)},
+                   {"max_seqlen_q": total, "max_seqlen_kv": 256, "min_seqlen_q": 1, "decode_query_len": 1}):
+        A.attention(rt, q, k, v, o, cu, sl, pt, **bounds)
+    assert len(rt.plans) == 1 and len(launches) == 4  # each step: the decode rows' kernel and the paged kernel
+    with pytest.raises(ArgumentError) as e:
+        A.attention(rt, q, k, v, o, cu, sl, pt, max_seqlen_q=np.True_)
+    assert e.value.name == "max_seqlen_q" and len(launches) == 4
+
+    dq, dk, dv, do, dsl, dpt = decode_args()
+    drt = DecodeRuntime()
+    dec.decode(drt, dq, dk, dv, do, dsl, dpt, chunks=np.int64(4), max_seqlen_kv=np.int64(256))
+    dec.decode(drt, dq, dk, dv, do, dsl, dpt, chunks=4, max_seqlen_kv=256)
+    assert len(drt.plans) == 1 and len(launches) == 6
+
+    import aotc.runtime.prefill as P
+
+    made = []
+
+    class RecordingPlan:
+        def __init__(self, runtime, q, k, v, out, lse, **kw):
+            made.append(kw)
+
+        def launch_records(self, *args):
+            pass
+
+    monkeypatch.setattr(P, "PrefillPlan", RecordingPlan)
+    pq, pk, pv, po = (rec((1 << 48) + i * GAP, (128, H, D)) for i in range(4))
+    cuq, cuk = rec(1 << 43, (3,), "int32"), rec(1 << 44, (3,), "int32")
+    P.prefill(DecodeRuntime(), pq, pk, pv, po, cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=np.int64(64),
+              max_seqlen_kv=np.uint16(64), window_left=np.int64(127), causal=True)
+    assert [type(made[0][n]) for n in ("max_seqlen_q", "max_seqlen_kv", "window_left")] == [int, int, int]
+
+
 def test_the_packed_prefill_is_not_chosen_for_2_31_elements_a_batch():
     """The portable family's packed kernels offset a batch's rows in 32 bits: one sequence of 2^21 tokens x
     16 heads x 128 takes the general (Int64 strides) kernel."""

@@ -327,6 +327,8 @@ class AttentionPlan(Plan):
         """workspace: the decode rows' split workspace (DecodePlan's: a caller's buffer; None: room in the
         device's arena, aotc.runtime.workspace). k_descale, v_descale: an fp8_e4m3 cache's scales
         (aotc.runtime.kv_scales)."""
+        max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q = V.as_ints(
+            max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q)
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_output(out, "out")}
         cuq = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -549,6 +551,7 @@ class AttentionPlan(Plan):
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
         and lse's head stride; None: as the last call), after checking that out and lse overlap no input;
         nothing about the plan changes for a call refused."""
+        max_seqlen_q, min_seqlen_q = V.as_ints(max_seqlen_q, min_seqlen_q)
         check_step_bounds(None if max_seqlen_q is PREPARED else max_seqlen_q,
                           None if min_seqlen_q is PREPARED else min_seqlen_q)
         rows = self._current
@@ -644,6 +647,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count (and whatever the stream: a CUDA graph captured on its own stream after a warm-up
     call reuses it)."""
+    max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q = V.as_ints(
+        max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q)
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks, k_descale,
                          v_descale)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key

@@ -112,6 +112,8 @@ class DecodePlan(Plan):
         the sequences of 1 .. decode_query_len queries are served, the others left alone (Runtime.attention
         gives them to its paged prefill kernel). window_left, softcap, sinks: aotc.runtime.features.
         k_descale, v_descale: an fp8_e4m3 cache's scales (aotc.runtime.kv_scales)."""
+        max_seqlen_kv, chunks, decode_query_len, window_left = V.as_ints(max_seqlen_kv, chunks, decode_query_len,
+                                                                         window_left)
         t = {"q": as_tensor(q, "q"), "k_cache": as_tensor(k_cache, "k_cache"), "v_cache": as_tensor(v_cache, "v_cache"),
              "out": as_output(out, "out")}
         sl = as_tensor(seqlens_kv, "seqlens_kv")
@@ -394,6 +396,7 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
     """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached
     (without a workspace of the caller's it takes room in the device's arena, aotc.runtime.workspace; the
     plan is not per stream, so a CUDA graph captured on its own stream after a warm-up call reuses it)."""
+    max_seqlen_kv, chunks, window_left = V.as_ints(max_seqlen_kv, chunks, window_left)
     V.key_scalars(max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks, softmax_scale=softmax_scale,
                   window_left=window_left, softcap=softcap)
     seen = torch_layouts(q, k_cache, v_cache, out, seqlens_kv, page_table, lse, workspace, sinks, k_descale,

@@ -113,6 +113,7 @@ class PrefillPlan(Plan):
                  cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int | None = None,
                  max_seqlen_kv: int | None = None, specialize: bool = True, family: str = "auto",
                  window_left: int | None = None, softcap: float | None = None, sinks=None):
+        max_seqlen_q, max_seqlen_kv, window_left = V.as_ints(max_seqlen_q, max_seqlen_kv, window_left)
         ragged = cu_seqlens_q is not None or cu_seqlens_kv is not None
         t = {"q": as_tensor(q, "q"), "k": as_tensor(k, "k"), "v": as_tensor(v, "v"), "out": as_output(out, "out")}
         ls = None if lse is None else as_output(lse, "lse")
@@ -371,6 +372,7 @@ def prefill(runtime, q, k, v, out, lse=None, *, causal=False, softmax_scale=None
             cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, family="auto",
             window_left=None, softcap=None, sinks=None) -> None:
     """One call; plans are cached by layout so a repeated shape skips validation but for the pointers."""
+    max_seqlen_q, max_seqlen_kv, window_left = V.as_ints(max_seqlen_q, max_seqlen_kv, window_left)
     V.key_scalars(causal=causal, softmax_scale=softmax_scale, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
                   family=family, window_left=window_left, softcap=softcap)
     seen = torch_layouts(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, sinks)
