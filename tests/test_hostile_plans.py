@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import aotc.runtime.attention as A
 import aotc.runtime.decode as dec
+import aotc.runtime.prefill as P
 from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families.sdpa_decode import PARAMS as DECODE_PARAMS
@@ -225,13 +226,9 @@ def test_the_one_call_decode_keys_its_scalars_with_their_types(launches):
     assert e.value.name == "softmax_scale" and len(launches) == 1
 
 
-@pytest.mark.parametrize("good, bad", [({"causal": True}, {"causal": 1}), ({"softmax_scale": 1}, {"softmax_scale": True}),
-                                       ({"max_seqlen_q": 1}, {"max_seqlen_q": True})])
-def test_the_one_call_prefill_keys_its_scalars_with_their_types(monkeypatch, good, bad):
-    """Prefill's plan cache: causal=1 after causal=True (equal, and hashed alike) reused the plan instead of
-    reaching PrefillPlan, which refuses it. Each must make a plan of its own (here a recording stand-in)."""
-    import aotc.runtime.prefill as P
-
+def recorded_prefill_plans(monkeypatch) -> list[dict]:
+    """PrefillPlan replaced by a stand-in that records the keyword arguments of every plan the one-call prefill
+    makes (and launches nothing)."""
     made = []
 
     class RecordingPlan:
@@ -242,6 +239,16 @@ def test_the_one_call_prefill_keys_its_scalars_with_their_types(monkeypatch, goo
             pass
 
     monkeypatch.setattr(P, "PrefillPlan", RecordingPlan)
+    return made
+
+
+@pytest.mark.parametrize("good, bad", [({"causal": True}, {"causal": 1}),
+                                       ({"softmax_scale": 1}, {"softmax_scale": True}),
+                                       ({"max_seqlen_q": 1}, {"max_seqlen_q": True})])
+def test_the_one_call_prefill_keys_its_scalars_with_their_types(monkeypatch, good, bad):
+    """Prefill's plan cache: causal=1 after causal=True (equal, and hashed alike) reused the plan instead of
+    reaching PrefillPlan, which refuses it. Each must make a plan of its own (here a recording stand-in)."""
+    made = recorded_prefill_plans(monkeypatch)
     rt = DecodeRuntime()
     shape = (2, 64, H, D)
     q, k, v, o = (rec((1 << 48) + i * GAP, shape) for i in range(4))
@@ -280,18 +287,7 @@ def test_numpy_integers_are_taken_as_ints_at_the_one_call_entry_points(launches,
     dec.decode(drt, dq, dk, dv, do, dsl, dpt, chunks=4, max_seqlen_kv=256)
     assert len(drt.plans) == 1 and len(launches) == 6
 
-    import aotc.runtime.prefill as P
-
-    made = []
-
-    class RecordingPlan:
-        def __init__(self, runtime, q, k, v, out, lse, **kw):
-            made.append(kw)
-
-        def launch_records(self, *args):
-            pass
-
-    monkeypatch.setattr(P, "PrefillPlan", RecordingPlan)
+    made = recorded_prefill_plans(monkeypatch)
     pq, pk, pv, po = (rec((1 << 48) + i * GAP, (128, H, D)) for i in range(4))
     cuq, cuk = rec(1 << 43, (3,), "int32"), rec(1 << 44, (3,), "int32")
     P.prefill(DecodeRuntime(), pq, pk, pv, po, cu_seqlens_q=cuq, cu_seqlens_kv=cuk, max_seqlen_q=np.int64(64),
