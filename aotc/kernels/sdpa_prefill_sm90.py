@@ -135,7 +135,7 @@ class SdpaPrefillSm90:
         # the PV GEMM's group) in place of an FADD a score, in a softmax bound by its instruction issue: D128 4.1% fewer
         # SM cycles; D256, whose tensor pipe is 93% busy, 4.5% more (benchmarks/results/prefill_softcap_sum_mma.json)
         self.sum_by_mma = self.capped and D <= 128
-        if self.sum_by_mma and 8 * (4 + 8 * stages) > self.ONES_BYTE:
+        if self.sum_by_mma and 8 * (self.tile_empty() + 1) > self.ONES_BYTE:
             raise ValueError(f"{variant.name}: {stages} stages' mbarriers overlap the row sums' ones at byte {self.ONES_BYTE}")
         self.sep_o = t.separate_o(D, self.fp8)
         # (a tile without room for an O tile of its own stages O in Q's slab; staging it in the last kv block's V
@@ -195,7 +195,8 @@ class SdpaPrefillSm90:
         # named barriers: 1 .. n_wg are the consumer warpgroups' epilogue barriers, SCHED + w the "may
         # issue GEMMs" barrier of warpgroup w (ping-pong)
         self.SCHED = 1 + n_wg
-        self.ZERO_BAR = 1 + 2 * n_wg  # paged: every consumer thread, after zeroing V rows past the sequence
+        # every consumer thread: paged, after zeroing V rows past the sequence; sum_by_mma, after the ones are written
+        self.ZERO_BAR = 1 + 2 * n_wg
 
     def __str__(self) -> str:  # the kernel symbol's mangled name includes it
         return type(self).__name__
@@ -253,7 +254,7 @@ class SdpaPrefillSm90:
     CONVERT_UNROLL = 6  # fp8 KV: 16-byte units a conversion thread has in flight (8 spilled at 56 registers)
     SCRATCH_BYTES = 512  # fp8 KV: q_to_f16's per-warp maxima, in the barrier block past the mbarriers
     # sum_by_mma: the B operand of the row sums' GEMM, two 8 x 8 core matrices of ones (256 bytes) in the barrier block
-    # between the mbarriers (at most 4 + 8 * stages of 8 bytes) and the scratch; every k slice reads the same two
+    # between the mbarriers (the last is tile_empty) and the scratch; every k slice reads the same two
     ONES_BYTE = 256
     ONES_N = 8  # columns of the row sums' GEMM (wgmma's narrowest); each holds the whole row sum
 
