@@ -66,6 +66,18 @@ def test_ncu_command_profiles_the_contenders_kernel_at_base_clocks():
     assert capped[-6:] == ["prefill-fa3", "256", "8192", "1", "50", "16"]  # soft-cap 50
 
 
+def test_ncu_command_profiles_aotc_at_the_layout_asked_for_and_fa3_dense():
+    ragged = ncu_command((128, 8192, False, 16, 0), fa3=False, launches=2, layout="ragged")
+    paged = ncu_command((128, 2048, True, 16, 50), fa3=False, launches=2, layout="paged16")
+    fa3 = ncu_command((128, 2048, True, 16, 0), fa3=True, launches=2, layout="paged16")
+    assert ragged[-6:] == ["prefill-ragged", "128", "8192", "0", "0", "16"]
+    assert paged[-6:] == ["prefill-paged16", "128", "2048", "1", "50", "16"]
+    assert paged[paged.index("--kernel-name") + 1] == "regex:sdpa_prefill"  # the paged prefill kernel, not decode
+    assert fa3[-6:] == ["prefill-fa3", "128", "2048", "1", "0", "16"]
+    with pytest.raises(KeyError):
+        ncu_command((128, 2048, True, 16, 0), fa3=False, launches=2, layout="paged32")
+
+
 def test_ncu_command_asks_for_the_sm_active_cycles_and_any_extra_metric():
     plain = ncu_command((256, 4096, True, 16, 0), fa3=False, launches=2)
     extra = ncu_command((256, 4096, True, 16, 0), fa3=False, launches=2, extra=("smsp__inst_executed.sum",))

@@ -16,6 +16,8 @@ launch, any --metric asked for, and x_<contender> = the first bundle's fewest cy
 cycles than the first bundle). Shapes are D:S:causal[:H[:softcap]] with B = 16384 / S, H 16 unless given, bf16
 (profile_kernel.py's): a head count whose tiles fill the persistent grid's rounds exactly (H 33 on the H200's 132
 SMs) isolates a schedule's tail; a softcap (e.g. 50) profiles the soft-capped kernels (FA3 with the same softcap).
+--layout ragged or paged16 profiles aotc's kernels for packed THD tokens (rt.prefill_ragged) or for the serving
+entry point over 16-token pages (rt.attention) on the same work; FA3 stays on its dense kernel.
 """
 import argparse
 import json
@@ -59,23 +61,29 @@ def parse_shape(text: str) -> tuple[int, int, bool, int, int]:
     return d, s, c, h, cap
 
 
+# aotc's prefill kernels by the layout they read (profile_kernel.py's families): the same B sequences of S tokens
+# dense [B, S, H, D], packed THD (rt.prefill_ragged), or through the serving entry point over 16-token pages
+# (rt.attention); FA3 runs its dense kernel on the dense tensors whatever the layout
+LAYOUTS = {"dense": "prefill", "ragged": "prefill-ragged", "paged16": "prefill-paged16"}
+
+
 def ncu_command(shape: tuple[int, int, bool, int, int], fa3: bool, launches: int,
-                extra: tuple[str, ...] = ()) -> list[str]:
+                extra: tuple[str, ...] = (), layout: str = "dense") -> list[str]:
     """The ncu command line that profiles one contender on one shape (aotc's kernel, or FA3's device_kernel)."""
     d, s, causal, h, cap = shape
     return ["ncu", "--clock-control", "base", "--metrics", ",".join((CYCLES, TENSOR, ACTIVE) + tuple(extra)),
             "--kernel-name", "regex:device_kernel" if fa3 else "regex:sdpa_prefill",
             "--launch-skip", "1", "--launch-count", str(launches),
-            sys.executable, str(PROFILE_KERNEL), "prefill-fa3" if fa3 else "prefill", str(d), str(s), str(int(causal)),
-            str(cap), str(h)]
+            sys.executable, str(PROFILE_KERNEL), "prefill-fa3" if fa3 else LAYOUTS[layout], str(d), str(s),
+            str(int(causal)), str(cap), str(h)]
 
 
-def profile(shape, bundle: str | None, launches: int, extra: tuple[str, ...] = ()) -> dict:
+def profile(shape, bundle: str | None, launches: int, extra: tuple[str, ...] = (), layout: str = "dense") -> dict:
     env = dict(os.environ)
     if bundle:
         env["AOTC_PROFILE_BUNDLE"] = bundle
-    run = subprocess.run(ncu_command(shape, bundle is None, launches, extra), capture_output=True, text=True, env=env,
-                         timeout=300)
+    run = subprocess.run(ncu_command(shape, bundle is None, launches, extra, layout), capture_output=True, text=True,
+                         env=env, timeout=300)
     values = parse_metrics(run.stdout)
     if run.returncode != 0 or len(values.get(CYCLES, [])) != launches:
         raise RuntimeError(f"ncu on {bundle or 'fa3'} {shape}: exit {run.returncode}, "
@@ -91,6 +99,8 @@ def main() -> None:
     ap.add_argument("--bundle", action="append", required=True, help="a bundle (repeat; the first is the reference)")
     ap.add_argument("--fa3", action="store_true", help="profile FlashAttention-3 (the fa3-fwd wheel) too")
     ap.add_argument("--shape", action="append", type=parse_shape, help=f"D:S:causal (repeat; default {DEFAULT_SHAPES})")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="dense",
+                    help="the layout aotc's kernels read (FA3 runs dense): dense, ragged (THD) or paged16")
     ap.add_argument("--launches", type=int, default=2, help="profiled launches per contender, after one warm-up")
     ap.add_argument("--metric", action="append", default=[],
                     help="another ncu metric to report per launch (repeat), e.g. smsp__inst_executed.sum")
@@ -101,9 +111,10 @@ def main() -> None:
     extra = tuple(args.metric)
     for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
         d, s, causal, h, cap = shape
-        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16",
+        row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16", "layout": args.layout,
                **({"softcap": cap} if cap else {})}
-        contenders = {name: profile(shape, bundle, args.launches, extra) for name, bundle in zip(names, args.bundle)}
+        contenders = {name: profile(shape, bundle, args.launches, extra, args.layout)
+                      for name, bundle in zip(names, args.bundle)}
         if args.fa3:
             contenders["fa3"] = profile(shape, None, args.launches, extra)
         ref = min(contenders[names[0]]["sm_cycles"])

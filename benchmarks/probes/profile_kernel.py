@@ -4,11 +4,14 @@
         --section SpeedOfLight --section Occupancy --section LaunchStats \
         python3 benchmarks/probes/profile_kernel.py prefill 128 2048 0
 
-Arguments: family (prefill; prefill-fa3: FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the
-same tensors, for side-by-side profiles: its kernel is cutlass's device_kernel, so --kernel-name
-regex:device_kernel; decode: paged KV, 16-token pages in random order; decode-dense: KV as [B, H_kv, S, D]
-contiguous tensors, the layout torch SDPA's backends take), D (decode: B * 1000), S, causal[, softcap[, H]]
-(prefill, prefill-fa3: a logits soft-cap, e.g. 50, 0 for none; H the heads, 16 unless given).
+Arguments: family (prefill; prefill-ragged: the same B sequences of S tokens packed as THD, rt.prefill_ragged;
+prefill-paged16: the same queries through the serving entry point rt.attention, each sequence's S keys in
+16-token pages of NHD pools in random order, one launch of the paged prefill kernel; prefill-fa3:
+FlashAttention-3's flash_attn_func from the fa3-fwd wheel on the dense tensors, for side-by-side profiles: its
+kernel is cutlass's device_kernel, so --kernel-name regex:device_kernel; decode: paged KV, 16-token pages in
+random order; decode-dense: KV as [B, H_kv, S, D] contiguous tensors, the layout torch SDPA's backends take),
+D (decode: B * 1000), S, causal[, softcap[, H]] (the prefill families: a logits soft-cap, e.g. 50, 0 for none;
+H the heads, 16 unless given).
 """
 import os
 import sys
@@ -30,17 +33,32 @@ if family == "prefill":
 else:
     rt = aotc.runtime.load(bundle)
 softcap = float(sys.argv[5]) if len(sys.argv) > 5 and float(sys.argv[5]) else None
-if family in ("prefill", "prefill-fa3"):
+if family in ("prefill", "prefill-ragged", "prefill-paged16", "prefill-fa3"):
     B, H = max(1, 16384 // S), int(sys.argv[6]) if len(sys.argv) > 6 else 16
     q, k, v = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     out = torch.empty_like(q)
+    cu = torch.arange(0, (B + 1) * S, S, dtype=torch.int32, device="cuda")
     if family == "prefill-fa3":
         from benchmarks.bench_runtime import import_fa3
 
         fa3 = import_fa3()
+    if family == "prefill-paged16":
+        page = 16
+        pages = torch.randperm(B * S // page, device="cuda", dtype=torch.int32)
+        k_pool, v_pool = (torch.empty(B * S // page, page, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        k_pool[pages.long()] = k.reshape(-1, page, H, D)  # token t of sequence b in page pages[(b * S + t) // 16]
+        v_pool[pages.long()] = v.reshape(-1, page, H, D)
+        page_table = pages.view(B, S // page)
+        seqlens_kv = torch.full((B,), S, dtype=torch.int32, device="cuda")
     for _ in range(4):
         if family == "prefill":
             rt.prefill(q, k, v, out, causal=causal, softcap=softcap)
+        elif family == "prefill-ragged":
+            rt.prefill_ragged(q.view(B * S, H, D), k.view(B * S, H, D), v.view(B * S, H, D), out.view(B * S, H, D),
+                              cu, cu, S, S, causal=causal, softcap=softcap)
+        elif family == "prefill-paged16":
+            rt.attention(q.view(B * S, H, D), k_pool, v_pool, out.view(B * S, H, D), cu, seqlens_kv, page_table,
+                         causal=causal, softcap=softcap, max_seqlen_q=S, min_seqlen_q=S, max_seqlen_kv=S)
         else:
             fa3.flash_attn_func(q, k, v, causal=causal, softcap=softcap or 0.0)
 elif family in ("decode", "decode-dense"):

@@ -4,11 +4,11 @@
         'sdpa_prefill_sm90.sm_90a.block_n=128.causal=1.dtype=bf16.head_dim=128.kv_dtype=bf16.layout=dense.sinks=0.softcap=0.window=0' \
         [--fa3-cubin CUBIN --fa3-kernel SUBSTRING]
 
-A kv loop is the body of a backward branch holding both GEMMs of an iteration (at least 10 wgmma) and fewer
-than 1000 instructions (the tile loops around them hold more). Prints one line per loop: its instructions,
-HGMMAs, MUFU.EX2 (exp2), FMNMX (row max), the exp2s issued between the wait for S (wgmma wait_group 1) and the
-wait for PV (wait_group 0), which overlap the PV GEMM, and with --fa3-* the instruction classes where aotc's
-steadiest loop (the shortest) and FA3's differ.
+A kv loop is the body of a backward branch holding both GEMMs of an iteration (at least 10 wgmma, S's reading Q
+from shared memory and PV's reading P from registers) and fewer than 1000 instructions (the tile loops around them
+hold more). Prints one line per loop: its instructions, HGMMAs, MUFU.EX2 (exp2), FMNMX (row max), the exp2s
+issued between the wait for S (wgmma wait_group 1) and the wait for PV (wait_group 0), which overlap the PV GEMM,
+and with --fa3-* the instruction classes where aotc's steadiest loop (the shortest) and FA3's differ.
 
 FA3's cubins are inside the fa3-fwd wheel's _C.abi3.so: `cuobjdump -xelf all _C.abi3.so` (the
 nvidia-cuda-cuobjdump wheel) writes them; --fa3-kernel picks the function whose demangled name (c++filt)
@@ -36,6 +36,10 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH_TO = re.compile(r"\bBRA\b\s+`\((\.L_x_\d+)\)")
 _SECTION = re.compile(r"^\s*\.section\s+\.text\.(\S+?),")
+# the two GEMMs of a kv iteration: S = Q K^T reads its A operand (Q) from shared memory, O += P V from registers
+# (a loop of PV wgmmas alone, such as the ragged and paged kernels' last block of a tile, is not a kv loop)
+_S_GEMM = re.compile(r"\bHGMMA\.\S+ R\d+, gdesc\[")
+_PV_GEMM = re.compile(r"\bHGMMA\.\S+ R\d+, R\d+, gdesc\[")
 
 
 def nvdisasm() -> str | None:
@@ -94,7 +98,8 @@ def kv_loops(text: str) -> list[list[str]]:
         m = _BRANCH_TO.search(op)
         if m and labels.get(m.group(1), i) < i:
             body = instructions[labels[m.group(1)]:i + 1]
-            if sum("HGMMA" in o for o in body) >= 10 and len(body) < 1000:
+            if (sum("HGMMA" in o for o in body) >= 10 and len(body) < 1000
+                    and any(_S_GEMM.search(o) for o in body) and any(_PV_GEMM.search(o) for o in body)):
                 loops.append(body)
     return loops
 
