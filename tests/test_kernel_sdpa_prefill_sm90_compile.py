@@ -10,7 +10,9 @@ pytest.importorskip("cutlass")
 from aotc.common import cubin as cubin_mod  # noqa: E402
 from aotc.common.abi import KernelABI  # noqa: E402
 from aotc.families import get_family  # noqa: E402
-from aotc.families.sdpa_prefill_sm90 import FP8_REGISTERS, PARAMS, RAGGED_REGISTERS, REGISTERS, tile  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import (FP8_REGISTERS, PARAMS, RAGGED_REGISTERS, REGISTERS,  # noqa: E402
+                                             launch_registers, tile, why_registers_do_not_fit)
+from aotc.kernels.compile import check_register_split  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from aotc.common.variant import Variant  # noqa: E402
 from ptx_flow import loads_behind_loaded_branches  # noqa: E402
@@ -60,7 +62,10 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
     # see hopper.store_converted_pairs)
     assert re.search(rf"cvt\.rn\.{t}x2\.f32", ptx) and not re.search(rf"cvt\.rn\.{t}\.f32", ptx)
     producer, consumer = (RAGGED_REGISTERS if layout != "dense" else REGISTERS)[bm // 64]
-    assert 128 * producer + (n_threads - 128) * consumer <= 65536  # within the register file
+    # ptxas gave each thread the registers the split was planned against, and the split fits them (more than the
+    # CTA was launched with and setmaxnreg.inc waits forever: why_registers_do_not_fit)
+    assert k.registers == launch_registers(n_threads)
+    assert 128 * producer + (n_threads - 128) * consumer <= n_threads * k.registers
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "mbarrier.arrive.expect_tx" in ptx
@@ -71,7 +76,7 @@ def test_compile(tmp_path, dtype, head_dim, layout, causal, block_n):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fp8_variant(tmp_path, head_dim):
     """Over fp8 pools (paged16): two consumer warpgroups at both head dims (D64's 16-bit tile has three), the fp8
-    register split within the register file, the e4m3 conversion in registers, fp16 GEMMs, no spills, and the
+    register split within the registers the CTA is launched with, the e4m3 conversion in registers, fp16 GEMMs, no spills, and the
     shared memory the tile says (its e4m3 staging rings included)."""
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout="paged16", causal=True,
                      block_n=128, kv_dtype="fp8_e4m3")
@@ -80,13 +85,13 @@ def test_fp8_variant(tmp_path, head_dim):
     t = tile(head_dim, 128, fp8=True)
     assert t.consumer_warpgroups == 2 and ".reqntid 384, 1, 1" in ptx
     producer, consumer = FP8_REGISTERS
-    assert 128 * producer + 256 * consumer <= 65536
+    assert 128 * producer + 256 * consumer <= 384 * cubin_mod.parse(built.cubin).kernels[built.abi.symbol].registers
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "bf16.bf16" not in ptx  # the GEMMs in fp16
     assert built.frame_bytes == 0
     assert built.launch.dynamic_smem == t.smem_bytes(head_dim, True) and built.launch.block == (384, 1, 1)
-    with pytest.raises(ValueError, match="register file"):  # a three-consumer tile cannot take the fp8 split
+    with pytest.raises(ValueError, match="exceed the 65536 a CTA of 512"):  # nor a three-consumer tile the fp8 split
         kernel.SdpaPrefillSm90(v, tile(64, 128))
 
 
@@ -132,3 +137,39 @@ def test_refuses_other_archs(tmp_path):
                      block_n=128)
     with pytest.raises(ValueError, match="sm_90a"):
         kernel.compile(v, dump_dir=str(tmp_path))
+
+
+def test_register_splits_fit_the_launch_registers():
+    """setmaxnreg only moves registers among a CTA's warps, so a split must fit what the CTA was launched with (384
+    threads at 168 a thread: 64512), not the 64K register file: 32 / 240 / 240 needs 65536, compiles, and hangs on
+    the GPU (its ragged and paged kernels made no progress on an H100: benchmarks/experiments/README.md). Every
+    split of the family fits."""
+    assert (launch_registers(384), launch_registers(512)) == (168, 128)
+    for n_wg, (producer, consumer) in [*REGISTERS.items(), *RAGGED_REGISTERS.items(), (2, FP8_REGISTERS)]:
+        assert why_registers_do_not_fit(producer, consumer, n_wg) is None, (n_wg, producer, consumer)
+    why = why_registers_do_not_fit(32, 240, 2)
+    assert "(65536) exceed the 64512 a CTA of 384 threads is launched with (384 x 168)" in why
+    assert why_registers_do_not_fit(24, 240, 2) is None and why_registers_do_not_fit(32, 168, 3) is not None
+
+
+def test_a_ragged_split_over_the_launch_registers_is_refused(monkeypatch):
+    """The kernel refuses such a split when it is built, naming the variant, before anything compiles."""
+    monkeypatch.setattr(kernel, "RAGGED_REGISTERS", {2: (32, 240), 3: RAGGED_REGISTERS[3]})
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout="paged16", causal=True,
+                     block_n=128)
+    with pytest.raises(ValueError, match=r"layout=paged16.*: registers 32 \+ 2 x 240 .* setmaxnreg.inc would wait"):
+        kernel.SdpaPrefillSm90(v)
+
+
+def test_a_cubin_given_fewer_registers_than_its_split_is_refused(tmp_path):
+    """After ptxas: the cubin's registers a thread times the CTA's threads must cover the split (here a kernel
+    claiming one register more than the 384 x 168 its cubin holds)."""
+    v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout="dense", causal=False,
+                     block_n=128)
+    built = kernel.compile(v, dump_dir=str(tmp_path))
+    fits, over = kernel.SdpaPrefillSm90(v), kernel.SdpaPrefillSm90(v)
+    assert fits.registers_after_setmaxnreg == 128 * (24 + 2 * 240) == 384 * 168
+    check_register_split(fits, built.cubin, built.launch)
+    over.registers_after_setmaxnreg = 384 * 168 + 1
+    with pytest.raises(RuntimeError, match="hold 64513 registers after setmaxnreg, but ptxas gave 168 a thread to 384"):
+        check_register_split(over, built.cubin, built.launch)

@@ -81,7 +81,7 @@ def test_the_soft_capped_kv_loop_against_a_fixed_offset_has_no_row_max(tmp_path,
     (Runtime.attention's serving path) hold the same loops; their masked loop (the diagonal's second block, a chunk's
     unaligned prefix) waits for PV before its tanhs at paged16, as the dense masked loop does at block_n 128: recorded
     here, not measured. The dense online loop keeps its exp2s ahead of the PV wait; the ragged and paged ones, at
-    232 consumer registers, wait for PV first (benchmarks/experiments/hopper_ragged_registers.patch)."""
+    232 consumer registers, wait for PV first (240 with a 32-register producer hung: benchmarks/experiments/README.md)."""
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=True,
                      block_n=176, softcap=True)
     loops = steady_loops(kernel.compile(v, dump_dir=str(tmp_path)).cubin)

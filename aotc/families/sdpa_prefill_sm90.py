@@ -56,8 +56,34 @@ from .sdpa_prefill import ATTENTION_FIELDS, LAYOUTS, PAGE_SIZES, page_size  # no
 TMA_BOX_COLS = 64  # head-dim elements per TMA box: 128 bytes, the 128-byte swizzle span
 Q_BOX_ROWS = 64    # one Q box per consumer warpgroup
 WARPGROUP = 128
+REGISTER_FILE = 65536     # 32-bit registers of an SM
+REGISTER_GRANULE = 8      # ptxas gives a thread a multiple of 8 registers
+
+
+def launch_registers(threads: int) -> int:
+    """Registers a thread of a CTA of `threads` threads starts with, one CTA an SM: the register file over the
+    threads, rounded down to ptxas's granule (384 threads: 168, 512: 128). The cubin's REGCOUNT says what ptxas
+    gave (aotc.kernels.compile checks it against the split)."""
+    return REGISTER_FILE // threads // REGISTER_GRANULE * REGISTER_GRANULE
+
+
+def why_registers_do_not_fit(producer: int, consumer: int, consumer_warpgroups: int) -> str | None:
+    """Why a setmaxnreg split cannot run, or None. setmaxnreg only moves registers among a CTA's warps: the split
+    must fit the registers the CTA was launched with (threads x launch_registers), not the whole register file.
+    A split over it compiles, and the consumers' setmaxnreg.inc then waits forever (a hang, not an error): 32 / 240
+    at 384 threads needs 65536 of the 64512 the CTA holds."""
+    threads = WARPGROUP * (1 + consumer_warpgroups)
+    need = WARPGROUP * (producer + consumer_warpgroups * consumer)
+    held = threads * launch_registers(threads)
+    if need > held:
+        return (f"registers {producer} + {consumer_warpgroups} x {consumer} a thread of {WARPGROUP}-thread "
+                f"warpgroups ({need}) exceed the {held} a CTA of {threads} threads is launched with "
+                f"({threads} x {launch_registers(threads)}); setmaxnreg.inc would wait forever")
+    return None
+
+
 # registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
-# within the 64K registers of the SM (one CTA per SM)
+# each split fills the CTA's launch registers exactly (why_registers_do_not_fit)
 REGISTERS = {2: (24, 240), 3: (32, 160)}
 # ragged and paged: the producer warp also scans the lengths for its work items and reads page tables
 # (at 24 registers it spilled at D256, and at D128 ragged; D64 keeps the dense split: 8 bytes of stack

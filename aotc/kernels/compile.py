@@ -79,6 +79,21 @@ def check_host_signature(kernel) -> None:
                            f"parameters are {[n for n, _ in want]} (names or types differ)")
 
 
+def check_register_split(kernel, cubin: bytes, launch: LaunchFacts) -> None:
+    """A kernel that moves registers among its warps with setmaxnreg (its `registers_after_setmaxnreg`: what its
+    warps hold between them afterwards) must have been given that many at launch: the CTA's threads times the
+    cubin's registers a thread. Short of it, the setmaxnreg.inc waits forever on the GPU; refuse the cubin."""
+    need = getattr(kernel, "registers_after_setmaxnreg", None)
+    if need is None:
+        return
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    for info in cubin_reader.parse(cubin).kernels.values():
+        if info.registers is None or info.registers * threads < need:
+            raise RuntimeError(f"{info.name}: its warps hold {need} registers after setmaxnreg, but ptxas gave "
+                               f"{info.registers} a thread to {threads} threads ({(info.registers or 0) * threads}); "
+                               "the consumers' setmaxnreg.inc would wait forever")
+
+
 def compile_kernel(kernel, arch: str, dump_dir: str, *, keep_ptx: bool = False) -> KernelBuild:
     """cute.compile the kernel's host function for `arch`, at each of its ptxas levels until the kernel
     has no stack frame (the first level with none wins, else the smallest frame)."""
@@ -105,5 +120,7 @@ def compile_kernel(kernel, arch: str, dump_dir: str, *, keep_ptx: bool = False) 
         if frame == 0:
             break
     compiled, data, symbol, frame, level = best
-    return KernelBuild(cubin=data, abi=KernelABI(symbol, tuple(kernel.params)), launch=kernel.launch_facts(),
+    launch = kernel.launch_facts()
+    check_register_split(kernel, data, launch)
+    return KernelBuild(cubin=data, abi=KernelABI(symbol, tuple(kernel.params)), launch=launch,
                        ptxas_level=level, frame_bytes=frame, ptx=str(compiled.__ptx__) if keep_ptx else "")

@@ -20,8 +20,8 @@ heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of 
 Ragged and paged calls take their tiles' pairs from the device-side lengths instead
 (tile_scheduler.RaggedTiles: unpaged_ragged_item, paged_item).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
-register file, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224) over fp8 pools, whose
-tiles have two consumer warpgroups):
+registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
+over fp8 pools, whose tiles have two consumer warpgroups):
 
   warpgroup 0, producer (24 or 32 registers/thread after setmaxnreg): one elected thread issues the
       TMA loads of each tile: K of its first kv block, then Q (one 64-row box per consumer
@@ -66,7 +66,7 @@ from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
                                           REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_box_rows, kv_fp8,
-                                          launch_facts, page_size)
+                                          launch_facts, page_size, why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -152,10 +152,10 @@ class SdpaPrefillSm90:
             self.producer_regs, self.consumer_regs = FP8_REGISTERS
             if D not in (64, 128):  # convert_block: an e4m3 row is one row of TMA's 64- or 128-byte swizzle
                 raise ValueError(f"kv_dtype fp8_e4m3 needs head_dim 64 or 128, not {D}")
-        # setmaxnreg's split must fit the register file, or the consumers' allocation would wait forever
-        if WARPGROUP * (self.producer_regs + n_wg * self.consumer_regs) > 65536:
-            raise ValueError(f"{variant.name}: registers {self.producer_regs} + {n_wg} x {self.consumer_regs} a "
-                             f"thread of {WARPGROUP}-thread warpgroups exceed the 64K register file (tile {t})")
+        why = why_registers_do_not_fit(self.producer_regs, self.consumer_regs, n_wg)
+        if why:
+            raise ValueError(f"{variant.name}: {why} (tile {t})")
+        self.registers_after_setmaxnreg = WARPGROUP * (self.producer_regs + n_wg * self.consumer_regs)
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
