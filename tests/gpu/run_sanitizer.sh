@@ -13,7 +13,9 @@ status=0
 for run in "memcheck all" "racecheck one" "synccheck one" "racecheck hopper" "synccheck hopper"; do
   set -- $run
   log="$LOGS/sanitizer-$1-$2.log"
-  $CS --tool "$1" --error-exitcode 3 --report-api-errors no python3 tests/gpu/sanitizer_cases.py "$2" >"$log" 2>&1
+  # a kernel that never returns (a deadlock) ends the run at AOTC_GPU_FILE_TIMEOUT seconds (default 600), exit 124
+  timeout --kill-after=10 "${AOTC_GPU_FILE_TIMEOUT:-600}" \
+      $CS --tool "$1" --error-exitcode 3 --report-api-errors no python3 tests/gpu/sanitizer_cases.py "$2" >"$log" 2>&1
   rc=$?
   echo "$1 ($2): exit $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|sanitizer cases' "$log" | tr '\n' ' ')"
   [ $rc -eq 0 ] || status=1
