@@ -67,13 +67,18 @@ def launch_registers(threads: int) -> int:
     return REGISTER_FILE // threads // REGISTER_GRANULE * REGISTER_GRANULE
 
 
+def registers_after_setmaxnreg(producer: int, consumer: int, consumer_warpgroups: int) -> int:
+    """Registers a CTA's warps hold between them after setmaxnreg: the producer warpgroup's and the consumers'."""
+    return WARPGROUP * (producer + consumer_warpgroups * consumer)
+
+
 def why_registers_do_not_fit(producer: int, consumer: int, consumer_warpgroups: int) -> str | None:
     """Why a setmaxnreg split cannot run, or None. setmaxnreg only moves registers among a CTA's warps: the split
     must fit the registers the CTA was launched with (threads x launch_registers), not the whole register file.
     A split over it compiles, and the consumers' setmaxnreg.inc then waits forever (a hang, not an error): 32 / 240
     at 384 threads needs 65536 of the 64512 the CTA holds."""
     threads = WARPGROUP * (1 + consumer_warpgroups)
-    need = WARPGROUP * (producer + consumer_warpgroups * consumer)
+    need = registers_after_setmaxnreg(producer, consumer, consumer_warpgroups)
     held = threads * launch_registers(threads)
     if need > held:
         return (f"registers {producer} + {consumer_warpgroups} x {consumer} a thread of {WARPGROUP}-thread "

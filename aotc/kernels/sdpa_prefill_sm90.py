@@ -66,7 +66,8 @@ from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
                                           REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_box_rows, kv_fp8,
-                                          launch_facts, page_size, why_registers_do_not_fit)
+                                          launch_facts, page_size, registers_after_setmaxnreg,
+                                          why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -155,7 +156,7 @@ class SdpaPrefillSm90:
         why = why_registers_do_not_fit(self.producer_regs, self.consumer_regs, n_wg)
         if why:
             raise ValueError(f"{variant.name}: {why} (tile {t})")
-        self.registers_after_setmaxnreg = WARPGROUP * (self.producer_regs + n_wg * self.consumer_regs)
+        self.registers_after_setmaxnreg = registers_after_setmaxnreg(self.producer_regs, self.consumer_regs, n_wg)
         self.elem_bytes = elem_bytes = dtype.width // 8
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
