@@ -2,7 +2,7 @@
 KV cache) beside aotc's own ragged-prefill and decode families and FlashAttention-3, in one process.
 
     python benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out DIR [--quick]
-        [--fp8] [--model llama|gpt-oss|gpt-oss-sliding]
+        [--fp8] [--model llama|gpt-oss|gpt-oss-sliding] [--baseline-bundle OTHER.aotc ...]
 
 bf16, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned bottom-right, the attention
 shape of --model (MODELS): llama (default; D 128, H_q/H_kv 32/8, Llama 3 8B's), gpt-oss (D 64, H_q/H_kv 64/8,
@@ -328,10 +328,11 @@ def _first(result):
     return result[0] if isinstance(result, tuple) else result
 
 
-def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[dict, dict]:
-    """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, and the case's kind's others (fp8:
-    the same call over the pools in e4m3). Every aotc call takes the model's window and sinks; FA3 (no window,
-    no sinks in its wheel) runs without sinks, and not at all for a model with a window."""
+def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dict | None = None) -> tuple[dict, dict]:
+    """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, the same call through each baseline
+    bundle's runtime (bases: name -> runtime, --baseline-bundle), and the case's kind's others (fp8: the same call
+    over the pools in e4m3). Every aotc call takes the model's window and sinks; FA3 (no window, no sinks in its
+    wheel) runs without sinks, and not at all for a model with a window."""
     import torch
 
     model, feats = pool.model, pool.features
@@ -351,6 +352,11 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
         facts["fa3_note"] = "FA3 without sinks (its wheel has none): the same shape, not the same function"
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
            "aa": lambda: (aa(pool.q, aa_out, stream=cur()), aa_out)[1]}
+    for name, rt_b in (bases or {}).items():
+        b_out = torch.empty_like(pool.out)
+        b_plan = rt_b.prepare_attention(pool.q, pool.k, pool.v, b_out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
+        facts[f"{name}_variant"] = getattr(getattr(b_plan, "variant", None), "name", None)
+        fns[name] = lambda b_plan=b_plan, b_out=b_out: (b_plan(pool.q, b_out, stream=cur()), b_out)[1]
     if fp8:
         k8, v8, ks, vs = pool.fp8()
         out8 = torch.empty_like(pool.out)
@@ -409,7 +415,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False) -> tuple[d
 
 
 def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush, fp8: bool = False,
-             model: Model = MODELS["llama"]) -> dict:
+             model: Model = MODELS["llama"], bases: dict | None = None) -> dict:
     """One row: every contender checked once against the reference, then timed in interleaved rounds."""
     import torch
 
@@ -420,7 +426,7 @@ def run_case(rt, fa3, case: Case, seed: int, rounds: int, flush, fp8: bool = Fal
            "flops": attention_flops(case.seqs, **shape),
            "kv_bytes": kv_bytes(case.seqs, heads_kv=model.heads_kv, head_dim=model.head_dim,
                                 window_left=model.window_left)}
-    fns, facts = contenders_of(rt, fa3, case, pool, fp8)
+    fns, facts = contenders_of(rt, fa3, case, pool, fp8, bases)
     row.update(facts)
     for name, fn in list(fns.items()):
         try:
@@ -525,6 +531,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, help="interleaved rounds per case (default 5; 2 with --quick)")
     ap.add_argument("--calls", type=int, help="host-cost calls per row (default 3000; 300 with --quick)")
     ap.add_argument("--fp8", action="store_true", help="time every case over e4m3 pools too (kv_dtype fp8_e4m3)")
+    ap.add_argument("--baseline-bundle", action="append", default=[],
+                    help="time the same rt.attention call through this bundle's kernels too (repeat: base, base2, ...; "
+                         "x_base = base_us / aotc_us)")
     ap.add_argument("--model", choices=sorted(MODELS), default="llama",
                     help="the attention shape and score features (MODELS; default llama: D 128, H 32/8)")
     args = ap.parse_args(argv)
@@ -539,6 +548,7 @@ def main(argv: list[str] | None = None) -> None:
 
     fa3 = import_fa3() if args.fa3 else None
     rt = aotc.runtime.load(args.bundle)
+    bases = {("base" if i == 0 else f"base{i + 1}"): aotc.runtime.load(p) for i, p in enumerate(args.baseline_bundle)}
     aotc.torch.set_runtime(rt)
     aotc.torch.register()
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -547,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.quick and case.name in QUICK_SKIPS:
             continue
         try:
-            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8, model)
+            row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8, model, bases)
         except Exception as e:  # e.g. no kernel for the case: the other cases still run
             row = {"case": case.name, "kind": case.kind, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append(row)
@@ -571,14 +581,15 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(rows: list[dict]) -> None:
     nan = float("nan")
     print(f"{'case':<34} {'aotc us':>9} {'rate':>8} {'aa x':>6} {'x dense':>7} {'x 2call':>7} {'x decode':>8} "
-          f"{'x fa3':>6} {'x fp8':>6} {'max err':>8}")
+          f"{'x fa3':>6} {'x fp8':>6} {'x base':>6} {'max err':>8}")
     for r in rows:
         if r["kind"] == "host" or "error" in r:
             continue
         rate = r.get("aotc_tflops", r.get("aotc_TBps", nan))
         print(f"{r['case']:<34} {r.get('aotc_us', nan):>9.1f} {rate:>8.2f} {r.get('x_aa', nan):>6.3f} "
               f"{r.get('x_dense', nan):>7.3f} {r.get('x_two_calls', nan):>7.3f} {r.get('x_decode', nan):>8.3f} "
-              f"{r.get('x_fa3', nan):>6.3f} {r.get('x_fp8', nan):>6.3f} {r.get('aotc_max_abs_err', nan):>8.1e}")
+              f"{r.get('x_fa3', nan):>6.3f} {r.get('x_fp8', nan):>6.3f} {r.get('x_base', nan):>6.3f} "
+              f"{r.get('aotc_max_abs_err', nan):>8.1e}")
     for r in rows:
         if r["kind"] == "host":
             error = f"  {r['error']}" if "error" in r else ""
