@@ -90,9 +90,10 @@ def why_registers_do_not_fit(producer: int, consumer: int, consumer_warpgroups: 
 # registers per thread of the producer and of each consumer after setmaxnreg, by consumer warpgroups:
 # each split fills the CTA's launch registers exactly (why_registers_do_not_fit)
 REGISTERS = {2: (24, 240), 3: (32, 160)}
-# ragged and paged: the producer warp also scans the lengths for its work items and reads page tables
-# (at 24 registers it spilled at D256, and at D128 ragged; D64 keeps the dense split: 8 bytes of stack
-# in its ragged producer)
+# ragged and paged: the producer warp also scans the lengths for its work items and reads page tables.
+# The dense split (24 / 240) spills in those producers (per tile only) and measured 3-6% more SM cycles
+# than 40 / 232 at D128: its consumer loops grow more than their softmax gains under PV
+# (benchmarks/results/prefill_experiment_ragged_registers_24_240.json)
 RAGGED_REGISTERS = {2: (40, 232), 3: (32, 160)}
 # fp8 KV (D128, two consumer warpgroups): the conversion warps' staging units in flight need more than 40 registers;
 # D128's consumers fit 224 without spilling (benchmarks/results/paged_varlen_experiment_fp8_convert.json)
