@@ -2,13 +2,14 @@
 KV cache) beside aotc's own ragged-prefill and decode families and FlashAttention-3, in one process.
 
     python benchmarks/bench_paged_varlen.py --bundle artifacts/default.aotc --fa3 --out DIR [--quick]
-        [--fp8] [--model llama|gpt-oss|gpt-oss-sliding] [--baseline-bundle OTHER.aotc ...]
+        [--fp8] [--model llama|gpt-oss|gpt-oss-sliding|gemma2-27b] [--baseline-bundle OTHER.aotc ...]
 
 bf16, pages of 16 tokens (NHD, page ids shuffled through the pool), causal aligned bottom-right, the attention
 shape of --model (MODELS): llama (default; D 128, H_q/H_kv 32/8, Llama 3 8B's), gpt-oss (D 64, H_q/H_kv 64/8,
-a learned sink per query head: gpt-oss-120b's full-attention layers) or gpt-oss-sliding (the same with its
-128-token window, window_left 127: its other layers). Every aotc call, and the reference, gets the model's
-window and sinks (seeded per-head sinks, N(0, 2^2)). aotc's calls pass the bounds an engine has on the host
+a learned sink per query head: gpt-oss-120b's full-attention layers), gpt-oss-sliding (the same with its
+128-token window, window_left 127: its other layers) or gemma2-27b (D 128, H_q/H_kv 32/16, logits soft-cap 50:
+Gemma 2 27B's global layers). Every aotc call, and the reference, gets the model's window, sinks (seeded
+per-head sinks, N(0, 2^2)) and soft-cap; FA3 gets the soft-cap too. aotc's calls pass the bounds an engine has on the host
 (max_seqlen_q, max_seqlen_kv, min_seqlen_q: the row's "bounds"). Each contender is a CUDA graph of 10 calls,
 the L2 flushed before every replay, the clocks settled on it first, the contenders interleaved in rotated order
 for --rounds rounds (benchmarks/timing.py);
@@ -73,12 +74,14 @@ class Model(NamedTuple):
     heads_kv: int
     window_left: int | None = None  # keys a row sees to its left (vLLM: sliding_window - 1)
     sinks: bool = False  # one learned logit per query head in every row's softmax denominator
+    softcap: float | None = None  # logits soft-cap c: a score s becomes c * tanh(s / c)
 
 
 MODELS = {m.name: m for m in (
     Model("llama", 128, 32, 8),
     Model("gpt-oss", 64, 64, 8, sinks=True),
     Model("gpt-oss-sliding", 64, 64, 8, window_left=127, sinks=True),
+    Model("gemma2-27b", 128, 32, 16, softcap=50.0),  # its global layers (the others add a 4096 window)
 )}
 
 
@@ -199,7 +202,7 @@ class Pool:
         self.q = torch.randn(self.cu_list[-1], H_Q, D, dtype=torch.bfloat16, device="cuda", generator=gen)
         self.out = torch.empty_like(self.q)
         sinks = (torch.randn(H_Q, device="cuda", generator=gen) * 2.0) if model.sinks else None
-        self.features = {"window_left": model.window_left, "sinks": sinks}
+        self.features = {"window_left": model.window_left, "sinks": sinks, "softcap": model.softcap}
 
     def fp8(self):
         """The pools as e4m3 with per-head scales (amax / 448): (k8, v8, k_scale, v_scale)."""
@@ -254,10 +257,11 @@ def rows_of(result, model: Model):
     return torch.cat([p.reshape(-1, model.heads_q, model.head_dim) for p in parts])
 
 
-def reference(q, k, v, s_kv: int, window_left: int | None, sinks):
+def reference(q, k, v, s_kv: int, window_left: int | None, sinks, softcap: float | None = None):
     """Attention of one sequence in fp32, computed apart from the kernels: q [s_q, H_q, D], k/v [s_kv, H_kv, D];
-    scores q.k / sqrt(D), key j visible to row i (position p = i + s_kv - s_q) iff j <= p and, with a window,
-    p - window_left <= j; a sink adds exp(sinks[h]) to the softmax denominator. One KV head's group at a time."""
+    scores q.k / sqrt(D) (soft-capped: softcap * tanh(score / softcap)), key j visible to row i (position
+    p = i + s_kv - s_q) iff j <= p and, with a window, p - window_left <= j; a sink adds exp(sinks[h]) to the
+    softmax denominator. One KV head's group at a time."""
     import torch
 
     s_q, H_q, D = q.shape
@@ -269,6 +273,8 @@ def reference(q, k, v, s_kv: int, window_left: int | None, sinks):
     for g in range(k.shape[1]):
         heads = slice(g * group, (g + 1) * group)
         s = torch.einsum("ihd,jd->hij", q[:, heads].float(), k[:, g].float()) * D ** -0.5
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
         s.masked_fill_(hidden, float("-inf"))
         if sinks is not None:  # the sink as one more logit of every row, with no value
             s = torch.cat([s, sinks[heads].float().view(-1, 1, 1).expand(-1, s_q, 1)], dim=2)
@@ -288,7 +294,8 @@ def max_abs_err(pool: Pool, out, q=None, sinks: bool = True) -> float:
         if s_q == 0:
             continue
         k, v = pool.keys(b)
-        ref = reference(q[lo:hi], k, v, s_kv, pool.model.window_left, pool.features["sinks"] if sinks else None)
+        ref = reference(q[lo:hi], k, v, s_kv, pool.model.window_left, pool.features["sinks"] if sinks else None,
+                        pool.model.softcap)
         e = float((out[lo:hi].float() - ref).abs().max())
         if e != e:  # NaN: an unwritten or broken row must show, not vanish in max()
             return e
@@ -336,6 +343,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
     import torch
 
     model, feats = pool.model, pool.features
+    cap = {"softcap": model.softcap} if model.softcap else {}  # FA3's soft-cap (0.0, its default, is none)
     H_Q, D = model.heads_q, model.head_dim
     if model.window_left is not None:
         fa3 = None  # the wheel is built without local attention (FLASHATTENTION_DISABLE_LOCAL)
@@ -380,7 +388,7 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
             # bottom right corner of the attention matrix"; flash_attn_varlen_func has no docstring of its own
             # and runs the same forward (_flash_attn_forward) per sequence. fa3_max_abs_err checks it.
             fns["fa3"] = lambda: _first(fa3.flash_attn_varlen_func(pool.q, kp, vp, pool.cu, cu_kv, pool.max_q,
-                                                                   max_kv, causal=True))
+                                                                   max_kv, causal=True, **cap))
     elif case.kind == "mixed":  # sequence 0 the chunk, then B - 1 decode rows
         c = pool.cu_list[1]
         q_c, q_d = pool.q[:c], pool.q[c:].view(B - 1, 1, H_Q, D)
@@ -399,8 +407,8 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
             kd, vd = pool.dense(range(1, B))
 
             def fa3_two_calls():
-                return (_first(fa3.flash_attn_varlen_func(q_c, kp, vp, cu_c, cu_kv, c, max_kv, causal=True)),
-                        _first(fa3.flash_attn_with_kvcache(q_d, kd, vd, cache_seqlens=sl_d, causal=True)))
+                return (_first(fa3.flash_attn_varlen_func(q_c, kp, vp, cu_c, cu_kv, c, max_kv, causal=True, **cap)),
+                        _first(fa3.flash_attn_with_kvcache(q_d, kd, vd, cache_seqlens=sl_d, causal=True, **cap)))
 
             fns["fa3"] = fa3_two_calls
     elif case.kind == "decode":
@@ -408,7 +416,8 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
         fns["decode"] = lambda: (rt.decode(q4, pool.k, pool.v, o4, pool.sl, pool.pt, stream=cur(), **feats), o4)[1]
         if fa3 is not None:
             kd, vd = pool.dense(range(B))
-            fns["fa3"] = lambda: _first(fa3.flash_attn_with_kvcache(q4, kd, vd, cache_seqlens=pool.sl, causal=True))
+            fns["fa3"] = lambda: _first(fa3.flash_attn_with_kvcache(q4, kd, vd, cache_seqlens=pool.sl, causal=True,
+                                                                    **cap))
     else:
         raise ValueError(f"case {case.name}: unknown kind {case.kind!r}")
     return fns, facts

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from benchmarks import bench_paged_varlen
 from benchmarks.bench_paged_varlen import (CASES, CHUNK, MODELS, QUICK_SKIPS, assign_pages, attention_flops,
                                            cu_seqlens, derive, kv_bytes, page_table, visible_keys)
 from conftest import PYTHON, REPO
@@ -47,9 +48,11 @@ def test_visible_keys_within_a_window_counts_every_row(window_left):
 
 
 def test_models_are_the_shapes_the_docstring_names():
-    assert {m: (x.head_dim, x.heads_q, x.heads_kv, x.window_left, x.sinks) for m, x in MODELS.items()} == {
-        "llama": (128, 32, 8, None, False), "gpt-oss": (64, 64, 8, None, True),
-        "gpt-oss-sliding": (64, 64, 8, 127, True)}
+    assert {m: (x.head_dim, x.heads_q, x.heads_kv, x.window_left, x.sinks, x.softcap) for m, x in MODELS.items()} == {
+        "llama": (128, 32, 8, None, False, None), "gpt-oss": (64, 64, 8, None, True, None),
+        "gpt-oss-sliding": (64, 64, 8, 127, True, None), "gemma2-27b": (128, 32, 16, None, False, 50.0)}
+    for name in MODELS:  # each model is named in the docstring, the way --model takes it
+        assert name in bench_paged_varlen.__doc__
 
 
 def test_chunk_flops_are_the_prefix_plus_the_triangle():

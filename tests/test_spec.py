@@ -24,7 +24,7 @@ def write(tmp_path, text: str, name: str = "s.toml"):
 def test_default_spec_loads():
     s = load_spec()
     assert s.path == str(DEFAULT_SPEC)
-    assert len(s.variants) == 18 + 36 + 32 + 32 + 30 + 24 + 6 + 24 + 10 + 8 + 4 + 7
+    assert len(s.variants) == 18 + 36 + 32 + 32 + 30 + 24 + 6 + 24 + 12 + 8 + 4 + 7
     assert len(set(s.variants)) == len(s.variants)
     # fp8 KV: bf16 queries over e4m3 pools, decode (dense and ragged Q) and the attention entry point's paged
     # kernel at D128 page 16, and the quantizing KV write; gpt-oss's (D64: the KV write, decode, the Hopper paged
@@ -45,7 +45,7 @@ def test_default_spec_loads():
                                                 (256, ("window", "softcap")), (128, ("window",)), (128, ("softcap",)))
             for layout in ("dense", "ragged", "paged16")}
     decode = {(d, layout, feats) for d, feats in ((64, ("sinks",)), (64, ("window", "sinks")), (256, ("softcap",)),
-                                                  (256, ("window", "softcap")), (128, ("window",)))
+                                                  (256, ("window", "softcap")), (128, ("window",)), (128, ("softcap",)))
               for layout in ("dense", "ragged")}
     portable = {(128, layout, feats) for layout in ("dense", "ragged")
                 for feats in (("window",), ("softcap",), ("sinks",), ("window", "softcap", "sinks"))}
