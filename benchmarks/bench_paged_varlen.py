@@ -578,6 +578,7 @@ def main(argv: list[str] | None = None) -> None:
               "fa3": dist_version("fa3-fwd") if fa3 is not None else None,
               "shape": {"model": model.name, "dtype": "bf16", "D": model.head_dim, "H_q": model.heads_q,
                         "H_kv": model.heads_kv, "page": PAGE, "kv_layout": "NHD", "window_left": model.window_left,
+                        "softcap": model.softcap,
                         "sinks": "N(0, 2^2) per query head" if model.sinks else None},
               "rounds": rounds, "rows": rows}
     out_dir = Path(args.out)
