@@ -102,3 +102,21 @@ def test_profile_reports_the_sm_active_share_and_the_extra_metrics(monkeypatch):
     assert got["sm_active_pct"] == [90.0, 100.0]
     assert got["metrics"] == {"smsp__inst_executed.sum": [468102779.0, 468107002.0]}
     assert "metrics" not in cycles_ab.profile((128, 8192, True, 16, 0), "x.aotc", 2)
+
+
+def test_paged_layout_refuses_a_non_causal_shape_before_profiling(monkeypatch, capsys):
+    import sys
+
+    from benchmarks.probes import cycles_ab
+
+    def no_profile(*args, **kwargs):
+        raise AssertionError("profiled a shape the paged entry point has no kernel for")
+
+    monkeypatch.setattr(cycles_ab, "profile", no_profile)
+    monkeypatch.setattr(sys, "argv", ["cycles_ab.py", "--bundle", "a.aotc", "--layout", "paged16",
+                                      "--shape", "128:8192:1", "--shape", "128:8192:0"])
+    with pytest.raises(SystemExit) as e:
+        cycles_ab.main()
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--layout paged16" in err and "causal 1" in err and "128:8192:0" in err and "128:8192:1" not in err

@@ -109,7 +109,12 @@ def main() -> None:
     if len(set(names)) != len(names):
         ap.error(f"--bundle: two bundles share a file stem ({names}); name them apart")
     extra = tuple(args.metric)
-    for shape in args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]:
+    shapes = args.shape or [parse_shape(s) for s in DEFAULT_SHAPES]
+    if args.layout == "paged16" and not all(causal for _, _, causal, _, _ in shapes):
+        # the serving entry point's paged kernels are causal (specs/default.toml builds no other)
+        ap.error("--layout paged16 profiles the serving entry point, which is causal: every --shape needs causal 1 "
+                 f"(got {[f'{d}:{s}:{int(c)}' for d, s, c, _, _ in shapes if not c]})")
+    for shape in shapes:
         d, s, causal, h, cap = shape
         row = {"D": d, "S": s, "B": 16384 // s, "H": h, "causal": causal, "dtype": "bf16", "layout": args.layout,
                **({"softcap": cap} if cap else {})}
