@@ -355,7 +355,11 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
     plan = rt.prepare_attention(pool.q, pool.k, pool.v, pool.out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
     aa_out = torch.empty_like(pool.out)
     aa = rt.prepare_attention(pool.q, pool.k, pool.v, aa_out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
-    facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None), "bounds": bounds}
+    # the paged kernel's variant, and the decode kernel's where the plan gives the decode rows one (None: the paged
+    # kernel takes every row)
+    decode_plan = getattr(plan, "decode", None)
+    facts = {"aotc_variant": getattr(getattr(plan, "variant", None), "name", None),
+             "aotc_decode_variant": decode_plan.variant.name if decode_plan is not None else None, "bounds": bounds}
     if fa3 is not None and model.sinks:
         facts["fa3_note"] = "FA3 without sinks (its wheel has none): the same shape, not the same function"
     fns = {"aotc": lambda: (plan(pool.q, pool.out, stream=cur()), pool.out)[1],
