@@ -9,10 +9,10 @@ shape of --model (MODELS): llama (default; D 128, H_q/H_kv 32/8, Llama 3 8B's), 
 a learned sink per query head: gpt-oss-120b's full-attention layers), gpt-oss-sliding (the same with its
 128-token window, window_left 127: its other layers) or gemma2-27b (D 128, H_q/H_kv 32/16, logits soft-cap 50:
 Gemma 2 27B's global layers). Every aotc call, and the reference, gets the model's window, sinks (seeded
-per-head sinks, N(0, 2^2)) and soft-cap; FA3 gets the soft-cap too. aotc's calls pass the bounds an engine has on the host
-(max_seqlen_q, max_seqlen_kv, min_seqlen_q: the row's "bounds"). Each contender is a CUDA graph of 10 calls,
-the L2 flushed before every replay, the clocks settled on it first, the contenders interleaved in rotated order
-for --rounds rounds (benchmarks/timing.py);
+per-head sinks, N(0, 2^2)) and soft-cap; FA3 gets the soft-cap too. aotc's calls pass the bounds an engine has
+on the host (max_seqlen_q, max_seqlen_kv, min_seqlen_q: the row's "bounds"). Each contender is a CUDA graph of
+10 calls, the L2 flushed before every replay, the clocks settled on it first, the contenders interleaved in
+rotated order for --rounds rounds (benchmarks/timing.py);
 *_us is the median over rounds, *_spread (max - min) / median. Cases (CASES):
 
 * chunk2048_prefix{0,8192,30720}: B 1, 2048 new tokens over a prefix already in the cache (s_kv = prefix +
@@ -338,8 +338,8 @@ def _first(result):
 def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dict | None = None) -> tuple[dict, dict]:
     """({name: fn() -> its output}, facts for the row): aotc, its A/A twin, the same call through each baseline
     bundle's runtime (bases: name -> runtime, --baseline-bundle), and the case's kind's others (fp8: the same call
-    over the pools in e4m3). Every aotc call takes the model's window and sinks; FA3 (no window, no sinks in its
-    wheel) runs without sinks, and not at all for a model with a window."""
+    over the pools in e4m3). Every aotc call takes the model's window, sinks and soft-cap; FA3 (no window, no sinks
+    in its wheel) takes the soft-cap, runs without sinks, and not at all for a model with a window."""
     import torch
 
     model, feats = pool.model, pool.features
