@@ -77,7 +77,8 @@ SCHEMAS = {
                  "Tensor(a!) out, Tensor(b!)? lse=None, SymInt? max_seqlen_q=None, bool causal=True, "
                  "float? scale=None, str kv_layout=\"NHD\", int decode_query_len=1, SymInt? max_seqlen_kv=None"
                  ", int? window_left=None, float? softcap=None, Tensor? sinks=None"
-                 ", Tensor? k_descale=None, Tensor? v_descale=None, SymInt? min_seqlen_q=None) -> ()",
+                 ", Tensor? k_descale=None, Tensor? v_descale=None, SymInt? min_seqlen_q=None"
+                 ", int? prefill_sms=None) -> ()",
     "kv_write": "(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, "
                 "str kv_layout=\"NHD\", Tensor? k_scale=None, Tensor? v_scale=None) -> ()",
 }
@@ -175,7 +176,8 @@ def _decode_into(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspac
 
 def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse=None, max_seqlen_q=None,
                   causal=True, scale=None, kv_layout="NHD", decode_query_len=1, max_seqlen_kv=None,
-                  window_left=None, softcap=None, sinks=None, k_descale=None, v_descale=None, min_seqlen_q=None):
+                  window_left=None, softcap=None, sinks=None, k_descale=None, v_descale=None, min_seqlen_q=None,
+                  prefill_sms=None):
     torch, rt = _torch(), get_runtime()
     max_q = None if max_seqlen_q is None else int(max_seqlen_q)
     min_q = None if min_seqlen_q is None else int(min_seqlen_q)
@@ -185,7 +187,7 @@ def _attention_op(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out
                                                 max_seqlen_q=max_q, decode_query_len=decode_query_len,
                                                 max_seqlen_kv=max_kv, stream=stream, window_left=window_left,
                                                 softcap=softcap, sinks=sinks, k_descale=k_descale,
-                                                v_descale=v_descale, min_seqlen_q=min_q))
+                                                v_descale=v_descale, min_seqlen_q=min_q, prefill_sms=prefill_sms))
 
 
 def _outputs(q, lse_shape):
@@ -358,19 +360,20 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
               max_seqlen_q: int | None = None, causal: bool = True, scale: float | None = None,
               kv_layout: str = "NHD", decode_query_len: int = 1, max_seqlen_kv: int | None = None,
               window_left: int | None = None, softcap: float | None = None, sinks=None, k_descale=None,
-              v_descale=None, min_seqlen_q: int | None = None):
+              v_descale=None, min_seqlen_q: int | None = None, prefill_sms: int | None = None):
     """(out, lse) for ragged q [total_q, H_q, D] (cu_seqlens_q int32 [B + 1]: decode rows and prefill chunks
     alike) over a paged KV cache (seqlens_kv: full lengths, new tokens included; page_table int32
     [B, max_pages]), bottom-right causal per sequence: torch.ops.aotc.attention into out (allocated when None;
     lse [H_q, total_q] fp32 when given). A torch.float8_e4m3fn cache takes k_descale, v_descale (fp32 [H_kv]
     or [1]: attention over k_fp8 * k_descale, v_fp8 * v_descale). max_seqlen_q, min_seqlen_q: optional bounds on
-    the sequences' query counts (Runtime.attention: each can skip one of the two kernels' launches)."""
+    the sequences' query counts (Runtime.attention: each can skip one of the two kernels' launches); prefill_sms:
+    the paged kernel on that many SMs, the decode kernel beside it (Runtime.attention)."""
     ops = _ops or register()
     if out is None:
         out = _torch().empty_like(q)
     ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
                   kv_layout, decode_query_len, max_seqlen_kv, window_left, softcap, sinks, k_descale, v_descale,
-                  min_seqlen_q)
+                  min_seqlen_q, prefill_sms)
     return out, lse
 
 

@@ -9,8 +9,8 @@ from aotc.runtime.plan import Plan
 
 
 def record_launches(monkeypatch) -> list[dict]:
-    """Every later launch of any plan appends {parameter: value} (descriptors: None) and its "grid" to the
-    returned list."""
+    """Every later launch of any plan appends {parameter: value} (descriptors: None), its "grid" and its "stream" to
+    the returned list."""
     launched: list[dict] = []
 
     def bind(self, kernel, grid, device, values):
@@ -26,9 +26,16 @@ def record_launches(monkeypatch) -> list[dict]:
         def set_grid_x(x):
             shape["grid"] = (x, *shape["grid"][1:])
 
-        self.launcher = SimpleNamespace(params=params, empty=not all(grid), launch=SimpleNamespace(set_grid_x=set_grid_x))
-        self._launch = lambda stream: launched.append({**{n: getattr(s, "value", None) for n, s in params.slots.items()},
-                                                       "grid": shape["grid"]})
+        def launch_on(stream, grid=None):
+            launched.append({**{n: getattr(s, "value", None) for n, s in params.slots.items()},
+                             "grid": grid or shape["grid"], "stream": stream})
+
+        def with_grid_x(x):  # PreparedLaunch.with_grid_x: the same parameters on (x, y, z)
+            return lambda stream: launch_on(stream, (x, *shape["grid"][1:]))
+
+        self.launcher = SimpleNamespace(params=params, empty=not all(grid), grid=tuple(grid), with_grid_x=with_grid_x,
+                                        launch=SimpleNamespace(set_grid_x=set_grid_x))
+        self._launch = launch_on
         self._params = {p.name: p for p in kernel.artifact.abi.params}
 
     monkeypatch.setattr(Plan, "bind", bind)

@@ -191,6 +191,61 @@ def test_a_plan_step_checks_its_bounds_on_the_query_counts(launches, name, bad):
     assert len(launches) == 2  # the decode rows' kernel and the paged prefill kernel
 
 
+class RecordingFork:
+    """driver.Fork without a driver: the calls it would make, in order."""
+
+    def __init__(self, calls, side=0x5EED):
+        self.calls, self.side = calls, side
+
+    def __call__(self, stream, first, second):
+        self.calls.append(("fork", stream, self.side))
+        first(stream)
+        second(self.side)
+        self.calls.append(("join", self.side, stream))
+
+
+def attention_plan():
+    total = 40
+    q, o = rec(1 << 48, (total, H, D)), rec((1 << 48) + GAP, (total, H, D))
+    k, v = rec((1 << 48) + 2 * GAP, (64, 16, H_KV, D)), rec((1 << 48) + 3 * GAP, (64, 16, H_KV, D))
+    cu, sl, pt = rec(1 << 43, (B + 1,), "int32"), rec(1 << 44, (B,), "int32"), rec(1 << 45, (B, 16), "int32")
+    return A.AttentionPlan(AttentionRuntime(), q, k, v, o, cu, sl, pt), q, o
+
+
+def test_prefill_sms_runs_the_paged_kernel_on_that_many_sms_beside_the_decode_kernel(launches, monkeypatch):
+    """A step with both kernels and prefill_sms below the SM count: the paged kernel on (prefill_sms, 1, 1) on the
+    caller's stream, the decode kernel on the side stream between the fork and the join; without it (or with the
+    SM count or more, or with one kernel only) both run one after the other on the caller's stream, as before."""
+    plan, q, o = attention_plan()
+    calls = []
+    monkeypatch.setattr(plan, "_fork_of", lambda: RecordingFork(calls))
+    plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=40)
+    assert calls == [("fork", 7, 0x5EED), ("join", 0x5EED, 7)]
+    paged, decode = launches
+    assert (paged["grid"], paged["stream"]) == ((40, 1, 1), 7) and "tma_q" in paged
+    assert decode["stream"] == 0x5EED and "target_chunks" in decode
+    for sms in (None, 132, 500):
+        launches.clear()
+        plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=sms)
+        assert [(x["grid"][0], x["stream"], "target_chunks" in x) for x in launches] == \
+            [(launches[0]["grid"][0], 7, True), (132, 7, False)]
+    assert len(calls) == 2  # no fork past the first step
+    launches.clear()
+    plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=40, min_seqlen_q=2)  # no decode row: no fork
+    assert [(x["grid"], x["stream"]) for x in launches] == [((132, 1, 1), 7)] and len(calls) == 2
+    launches.clear()
+    plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=40, max_seqlen_q=1)  # decode rows only: no fork
+    assert len(launches) == 1 and "target_chunks" in launches[0] and len(calls) == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0, "40", [40]])
+def test_prefill_sms_is_a_positive_int_or_none(launches, bad):
+    plan, q, o = attention_plan()
+    with pytest.raises(ArgumentError) as e:
+        plan.checked_run(q.ptr, o.ptr, prefill_sms=bad)
+    assert e.value.name == "prefill_sms" and launches == []
+
+
 @pytest.mark.parametrize("name, bad", [("window_left", [127, 0]), ("kv_layout", ["NHD"]), ("softcap", [30.0]),
                                        ("max_seqlen_kv", [4096]), ("chunks", {"n": 4})])
 def test_the_one_call_decode_names_an_unhashable_scalar(launches, name, bad):

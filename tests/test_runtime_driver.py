@@ -174,6 +174,26 @@ def test_launcher_passes_every_argument_and_follows_the_stream(stub):
     assert _recorded(stub, "stub_launch_args", 12)[8] == 0 and ctypes.c_int.in_dll(stub, "stub_launches").value >= 4
 
 
+def test_a_fork_runs_its_second_launch_on_the_side_stream_between_fork_and_join(stub):
+    """driver.Fork: record on the caller's stream, the side stream waits, the first launch on the caller's stream,
+    the second on the side stream, record on the side stream, the caller's stream waits: what is enqueued after
+    it on the caller's stream follows both launches."""
+    side = driver.stream_create()
+    fork = driver.Fork(side)
+    assert side and fork.side == side and driver.stream_create() != side
+    ctypes.c_int.in_dll(stub, "stub_order_n").value = 0
+    first = driver.Launcher(0x1234, (40, 1, 1), (384, 1, 1), 0, 0)
+    second = driver.Launcher(0x5678, (8, 97, 1), (128, 1, 1), 0, 0)
+    fork(0xCAFE, first, second)
+    n = ctypes.c_int.in_dll(stub, "stub_order_n").value
+    log = _recorded(stub, "stub_order", n)
+    steps = [tuple(log[i:i + 3]) for i in range(0, n, 3)]
+    (r1, e_fork, s1), (w1, s2, e2), (l1, on1, _), (l2, on2, _), (r2, e_join, s3), (w2, s4, e4) = steps
+    assert (r1, w1, l1, l2, r2, w2) == (1, 2, 3, 3, 1, 2)
+    assert (s1, s2, e2, on1, on2) == (0xCAFE, side, e_fork, 0xCAFE, side)
+    assert (s3, s4, e4) == (side, 0xCAFE, e_join) and e_join != e_fork
+
+
 def test_a_failed_launch_is_a_driver_error(stub, monkeypatch):
     launch = driver.Launcher(1, (1, 1, 1), (128, 1, 1), 0, 0)
     monkeypatch.setenv("STUB_LAUNCH_CODE", "2")

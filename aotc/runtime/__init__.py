@@ -74,6 +74,7 @@ class Runtime:
         self.workspaces = WorkspaceArena()
         # the per-stream counters of kernels that draw their tiles at run time (aotc.runtime.counters)
         self.tile_counters = TileCounters()
+        self._side_streams: dict[int, int] = {}  # device -> the stream a forked step's second kernel runs on
         self._lock = threading.Lock()
         self.load_seconds = 0.0
 
@@ -86,6 +87,17 @@ class Runtime:
         from . import driver
 
         return driver.current_device()
+
+    def side_stream(self, device: int) -> int:
+        """The runtime's second stream on `device` (made at first use, kept while the runtime lives): a mixed
+        step's decode kernel runs on it beside the paged prefill kernel (Runtime.attention's prefill_sms)."""
+        with self._lock:
+            s = self._side_streams.get(device)
+            if s is None:
+                from . import driver
+
+                s = self._side_streams[device] = driver.stream_create()
+            return s
 
     def find(self, family: str, device: int, candidates: list[dict]):
         """The first kernel matching a candidate field set (most specialized first), best arch first; or None.
@@ -318,7 +330,8 @@ class Runtime:
                   causal: bool = True, softmax_scale: float | None = None, kv_layout: str = "NHD",
                   max_seqlen_q: int | None = None, decode_query_len: int = 1, max_seqlen_kv: int | None = None,
                   stream=None, window_left: int | None = None, softcap: float | None = None, sinks=None,
-                  k_descale=None, v_descale=None, min_seqlen_q: int | None = None) -> None:
+                  k_descale=None, v_descale=None, min_seqlen_q: int | None = None,
+                  prefill_sms: int | None = None) -> None:
         """The serving entry point: one call per layer per step for a batch of any mix of decode rows and
         prefill chunks (cu_seqlens_q), each over its paged KV (seqlens_kv: full lengths, new tokens
         included; page_table; None for dense caches [B, S_max, H_kv, D], read as pages of the same memory),
@@ -331,14 +344,18 @@ class Runtime:
         tile. Both kernels read the lengths on the device, and no bound is part of the cached plan's key (only
         the kv tile max_seqlen_kv picks). window_left, softcap,
         sinks: the score features (aotc.runtime.features), in both kernels. k_descale, v_descale: an fp8_e4m3
-        cache's scales (see prepare_attention)."""
+        cache's scales (see prepare_attention). prefill_sms (optional, Hopper paged kernel): when the step runs
+        both kernels, the paged one runs on this many SMs and the decode kernel beside it on the runtime's
+        second stream (joined back into `stream`, CUDA-graph capturable once a step with it ran outside a
+        capture), so a DRAM-bound decode batch and a tensor-bound chunk overlap instead of running one after
+        the other; None (or the SM count or more): one after the other on `stream`."""
         from .attention import attention
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
                   softmax_scale=softmax_scale, kv_layout=kv_layout, max_seqlen_q=max_seqlen_q,
                   decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream,
                   window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
-                  min_seqlen_q=min_seqlen_q)
+                  min_seqlen_q=min_seqlen_q, prefill_sms=prefill_sms)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
                          k_scale=None, v_scale=None):

@@ -26,7 +26,10 @@ max_seqlen_q <= decode_query_len (a call's bound on its query counts) skips its 
 decode_query_len (a lower bound: a step an engine knows holds no decode row, vLLM's num_decodes == 0) skips the
 decode kernel's and gives the paged kernel every row, so a wrong lower bound costs speed, never rows (the
 decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 3 us of its 78: see the chunk
-rows of benchmarks/results/paged_varlen.json). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
+rows of benchmarks/results/paged_varlen.json). The two run one after the other on the call's stream, or, with a
+step's prefill_sms=N, side by side: the paged kernel's persistent grid on N SMs, the decode kernel on the
+runtime's second stream (Runtime.side_stream) between a fork and a join of events (driver.Fork), taking the
+other SMs and each one the paged kernel leaves (benchmarks/probes/mixed_overlap.py). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
 PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128: 176 keys, FA3's
 tile, against 128, at every page size), from half dense prefill's LONG_KV; past the keys the page table holds
 (page_table.shape[1] * page_size; dense KV: S_max) it is refused.
@@ -457,6 +460,8 @@ class AttentionPlan(Plan):
             self.descriptors[0] if hopper else None, V.Spans(self._fixed, {"out": o_, "lse": ls}, {"q": q_, **self._meta}, self._written),
             lse_strides[0])
         self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
+        self._runtime = runtime  # its second stream, for steps with prefill_sms
+        self._fork = None
 
     def _rows_for(self, total_q: int, lse_stride_h: int) -> _Rows:
         """The descriptor and spans of a step of total_q tokens (LSE rows lse_stride_h apart), checked as the
@@ -508,10 +513,11 @@ class AttentionPlan(Plan):
 
     def run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0, page_table: int = 0,
             stream: int = 0, max_seqlen_q: int | None | object = PREPARED,
-            min_seqlen_q: int | None | object = PREPARED) -> None:
+            min_seqlen_q: int | None | object = PREPARED, prefill_sms: int | None = None) -> None:
         """One step with new raw pointers for the token count the plan was last given (0: the prepared
         metadata tensor); max_seqlen_q, min_seqlen_q: this step's bounds on its query counts (None: no bound;
-        by default the prepared ones), taken as given (checked_run checks them)."""
+        by default the prepared ones), taken as given (checked_run checks them); prefill_sms: see
+        Runtime.attention (None: the two kernels one after the other on `stream`)."""
         if self._total_q == 0:  # no query: nothing to launch (an empty tensor's pointer may be 0)
             return
         cu, sl, pt = self._prepared
@@ -524,9 +530,10 @@ class AttentionPlan(Plan):
         longer = (self._longer if max_seqlen_q is PREPARED
                   else max_seqlen_q is None or max_seqlen_q > self.decode_query_len)
         alone = longer and (self._no_decode_rows if min_seqlen_q is PREPARED else self.no_decode_rows(min_seqlen_q))
-        if self.decode is not None and not self.decode.launcher.empty and not alone:
-            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
+        decode_runs = self.decode is not None and not self.decode.launcher.empty and not alone
         if self.launcher.empty or not longer:
+            if decode_runs:
+                self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
             return
         if self.portable is not None:  # its grid follows the step's bound on its query counts
             self.portable.set(q, self._bound if max_seqlen_q is PREPARED else max_seqlen_q, self._total_q)
@@ -537,7 +544,25 @@ class AttentionPlan(Plan):
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
         s[5].value = 1 if alone else self.decode_query_len + 1  # the sequences it takes: 1 query or more
+        if decode_runs and prefill_sms is not None and self.portable is None and prefill_sms < self.launcher.grid[0]:
+            # side by side: the paged kernel's persistent grid on prefill_sms SMs, the decode kernel on the
+            # runtime's second stream taking the others (and each SM the paged kernel leaves)
+            self._fork_of()(stream, self.launcher.with_grid_x(prefill_sms),
+                            lambda side: self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q,
+                                                                    side))
+            return
+        if decode_runs:
+            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)
         self._launch(stream)
+
+    def _fork_of(self):
+        """The plan's driver.Fork over its runtime's second stream (its events made at the first forked step)."""
+        fork = self._fork
+        if fork is None:
+            from .driver import Fork
+
+            fork = self._fork = Fork(self._runtime.side_stream(self.device))
+        return fork
 
     def _check_dense(self, page_table: int) -> None:
         if page_table and self.dense is not None:
@@ -547,13 +572,13 @@ class AttentionPlan(Plan):
     def checked_run(self, q: int, out: int, lse: int = 0, cu_seqlens_q: int = 0, seqlens_kv: int = 0,
                     page_table: int = 0, stream: int = 0, total_q: int | None = None,
                     lse_stride_h: int | None = None, max_seqlen_q: int | None | object = PREPARED,
-                    min_seqlen_q: int | None | object = PREPARED) -> None:
+                    min_seqlen_q: int | None | object = PREPARED, prefill_sms: int | None = None) -> None:
         """run() for pointers of tensors laid out as the prepared ones but for their token count (total_q,
         and lse's head stride; None: as the last call), after checking that out and lse overlap no input;
         nothing about the plan changes for a call refused."""
-        max_seqlen_q, min_seqlen_q = V.as_ints(max_seqlen_q, min_seqlen_q)
+        max_seqlen_q, min_seqlen_q, prefill_sms = V.as_ints(max_seqlen_q, min_seqlen_q, prefill_sms)
         check_step_bounds(None if max_seqlen_q is PREPARED else max_seqlen_q,
-                          None if min_seqlen_q is PREPARED else min_seqlen_q)
+                          None if min_seqlen_q is PREPARED else min_seqlen_q, prefill_sms)
         rows = self._current
         if total_q is not None:
             sh = rows.lse_stride_h if lse_stride_h is None else lse_stride_h
@@ -569,9 +594,10 @@ class AttentionPlan(Plan):
             self._lse_h_slot.value = rows.lse_stride_h
             if self.decode is not None:
                 self.decode.set_lse_head_stride(rows.lse_stride_h)
-        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q, min_seqlen_q)
+        self.run(q, out, lse, cu_seqlens_q, seqlens_kv, page_table, stream, max_seqlen_q, min_seqlen_q, prefill_sms)
 
-    def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None) -> None:
+    def __call__(self, q, out, lse=None, *, cu_seqlens_q=None, seqlens_kv=None, page_table=None, stream=None,
+                 prefill_sms: int | None = None) -> None:
         """One step on tensors laid out as the prepared ones (metadata: None keeps the prepared tensors)."""
         recs = [as_tensor(q, "q"), as_output(out, "out"), None if lse is None else as_output(lse, "lse")]
         meta = [None if x is None else as_tensor(x, n) for x, n in
@@ -584,16 +610,16 @@ class AttentionPlan(Plan):
         total_q = _total_q(recs[0], recs[1], recs[2])
         self.checked_run(recs[0].ptr, recs[1].ptr, 0 if recs[2] is None else recs[2].ptr,
                          *(0 if m is None else m.ptr for m in meta), as_stream(stream), total_q,
-                         None if recs[2] is None else recs[2].strides[0])
+                         None if recs[2] is None else recs[2].strides[0], prefill_sms=prefill_sms)
 
 
 def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q=None, *, kv_layout="NHD",
-                  softmax_scale=None, window_left=None, softcap=None) -> None:
+                  softmax_scale=None, window_left=None, softcap=None, prefill_sms=None) -> None:
     """The call's scalar arguments (the one-call path checks them before building its key, which hashes them:
     a list or an array would raise a bare TypeError there; the plan when made)."""
     if not isinstance(causal, bool):
         raise ArgumentError("causal", causal, "True or False")
-    check_step_bounds(max_seqlen_q, min_seqlen_q)
+    check_step_bounds(max_seqlen_q, min_seqlen_q, prefill_sms)
     V.optional_count(max_seqlen_kv, "max_seqlen_kv", "a bound on the step's KV lengths")
     V.kv_layout(kv_layout)
     if softmax_scale is not None:
@@ -603,10 +629,13 @@ def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seq
              ": sequences of at most this many queries go to the decode kernel")
 
 
-def check_step_bounds(max_seqlen_q, min_seqlen_q) -> None:
-    """A step's bounds on its query counts (None: no bound)."""
+def check_step_bounds(max_seqlen_q, min_seqlen_q, prefill_sms=None) -> None:
+    """A step's bounds on its query counts (None: no bound), and its prefill_sms (None: no fork)."""
     V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")
     V.optional_count(min_seqlen_q, "min_seqlen_q", "a lower bound on the query counts of the step's sequences")
+    if prefill_sms is not None:
+        V.int_in(prefill_sms, "prefill_sms", 1, V.INT32_MAX,
+                 " or None: the SMs the paged prefill kernel runs on while the decode kernel takes the others")
 
 
 def q_token_bytes(q: TensorArg) -> int | None:
@@ -643,17 +672,17 @@ def _total_q(q: TensorArg, out: TensorArg, lse: TensorArg | None) -> int:
 def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse=None, *, causal=True,
               softmax_scale=None, kv_layout="NHD", max_seqlen_q=None, decode_query_len=1, max_seqlen_kv=None,
               window_left=None, softcap=None, sinks=None, stream=None, k_descale=None, v_descale=None,
-              min_seqlen_q=None) -> None:
+              min_seqlen_q=None, prefill_sms=None) -> None:
     """One call (Runtime.attention): the plan for these pools and layouts is prepared once and cached, whatever
     the step's token count (and whatever the stream: a CUDA graph captured on its own stream after a warm-up
     call reuses it)."""
-    max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q = V.as_ints(
-        max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q)
+    max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q, prefill_sms = V.as_ints(
+        max_seqlen_q, decode_query_len, max_seqlen_kv, window_left, min_seqlen_q, prefill_sms)
     seen = torch_layouts(q, out, lse, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, sinks, k_descale,
                          v_descale)
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q, kv_layout=kv_layout,
-                  softmax_scale=softmax_scale, window_left=window_left, softcap=softcap)
+                  softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, prefill_sms=prefill_sms)
     # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
     long_kv = max_seqlen_kv is not None and max_seqlen_kv >= PAGED_LONG_KV
     s = as_stream(stream)
@@ -670,7 +699,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
             plan.checked_run(q.data_ptr(), out.data_ptr(), 0 if lse is None else lse.data_ptr(),
                              cu_seqlens_q.data_ptr(), seqlens_kv.data_ptr(),
                              0 if page_table is None else page_table.data_ptr(), s,
-                             total_q, None if lse is None else lse.stride(0), max_seqlen_q, min_seqlen_q)
+                             total_q, None if lse is None else lse.stride(0), max_seqlen_q, min_seqlen_q,
+                             prefill_sms)
             return
     recs = [None if x is None else (as_output if n in ("out", "lse") else as_tensor)(x, n) for x, n in
             ((q, "q"), (out, "out"), (lse, "lse"), (k_cache, "k_cache"), (v_cache, "v_cache"),
@@ -689,7 +719,7 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,
-                     s, total_q, None if lsr is None else lsr.strides[0], max_seqlen_q, min_seqlen_q)
+                     s, total_q, None if lsr is None else lsr.strides[0], max_seqlen_q, min_seqlen_q, prefill_sms)
 
 
 def _rows_free(seen: tuple) -> tuple:

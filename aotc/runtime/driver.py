@@ -74,6 +74,10 @@ _PROTOTYPES = {
     "cuMemcpyHtoD": (c_uint64, c_void_p, c_size_t),
     "cuMemsetD32Async": (c_uint64, c_uint, c_size_t, c_void_p),
     "cuStreamSynchronize": (c_void_p,),
+    "cuStreamCreate": (_P(c_void_p), c_uint),
+    "cuEventCreate": (_P(c_void_p), c_uint),
+    "cuEventRecord": (c_void_p, c_void_p),
+    "cuStreamWaitEvent": (c_void_p, c_void_p, c_uint),
     "cuLibraryLoadData": (_P(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint),
     "cuLibraryGetKernel": (_P(c_void_p), c_void_p, c_char_p),
     "cuLibraryUnload": (c_void_p,),
@@ -330,6 +334,53 @@ def _free(ptr: int) -> None:
         function("cuMemFree")(ptr)
     except Exception:  # at interpreter exit the driver may be gone: the process frees it anyway
         pass
+
+
+# ---- a second stream: a step's two kernels side by side (aotc.runtime.attention) ----------------------
+CU_STREAM_NON_BLOCKING = 0x1  # no implicit order with the legacy default stream
+CU_EVENT_DISABLE_TIMING = 0x2  # the cheapest event: ordering only
+
+
+def stream_create() -> int:
+    """A new non-blocking stream of the current context (never destroyed: the runtime keeps one per device)."""
+    init()
+    s = c_void_p()
+    call("cuStreamCreate", byref(s), CU_STREAM_NON_BLOCKING)
+    return s.value or 0
+
+
+def event_create() -> int:
+    """A new event without timing (never destroyed: a plan keeps its two for its lifetime)."""
+    init()
+    e = c_void_p()
+    call("cuEventCreate", byref(e), CU_EVENT_DISABLE_TIMING)
+    return e.value or 0
+
+
+class Fork:
+    """Two launches side by side: first() on `stream`, second() on the side stream once everything enqueued on
+    `stream` before the fork is done, and `stream` waiting for the side stream's work again after them, so what
+    follows on `stream` sees both (and a CUDA graph captured on `stream` holds both branches). The events are
+    made when the Fork is (outside any capture: creating one inside a capture is an error)."""
+
+    __slots__ = ("side", "_record", "_wait", "_fork", "_join")
+
+    def __init__(self, side: int):
+        self.side = side
+        self._record, self._wait = function("cuEventRecord"), function("cuStreamWaitEvent")
+        self._fork, self._join = event_create(), event_create()
+
+    def __call__(self, stream: int, first, second) -> None:
+        for err, what in ((self._record(self._fork, stream), "cuEventRecord"),
+                          (self._wait(self.side, self._fork, 0), "cuStreamWaitEvent")):
+            if err:
+                raise driver_error(what, err)
+        first(stream)
+        second(self.side)
+        for err, what in ((self._record(self._join, self.side), "cuEventRecord"),
+                          (self._wait(stream, self._join, 0), "cuStreamWaitEvent")):
+            if err:
+                raise driver_error(what, err)
 
 
 # ---- the launch hot path -------------------------------------------------------

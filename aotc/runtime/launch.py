@@ -46,7 +46,7 @@ class PreparedLaunch:
     """One kernel, grid and parameter buffer, ready to launch on any stream of the prepared device:
     launch(stream) is the driver.Launcher itself (a no-op for an empty grid), one Python call deep."""
 
-    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "launch")
+    __slots__ = ("kernel", "handle", "grid", "block", "smem", "params", "device", "empty", "launch", "_cuts")
 
     def __init__(self, kernel: LoadedKernel, grid: tuple[int, int, int], device: int, values: dict):
         self.kernel = kernel
@@ -64,3 +64,15 @@ class PreparedLaunch:
         self.params.update({name: values[name] for name in self.params.slots})
         self.launch = (lambda stream=0: None) if self.empty else \
             driver.Launcher(self.handle, grid, self.block, self.smem, self.params.address)
+        self._cuts: dict = {}
+
+    def with_grid_x(self, x: int):
+        """A launcher (stream) -> None of the same kernel and parameter buffer on grid (x, y, z): a persistent
+        kernel on x of the SMs (aotc.runtime.attention's prefill_sms). Made once per x."""
+        cut = self._cuts.get(x)
+        if cut is None:
+            if len(self._cuts) >= 8:  # a few values per plan are the use; more are made anew
+                self._cuts.clear()
+            cut = self._cuts[x] = driver.Launcher(self.handle, (x, *self.grid[1:]), self.block, self.smem,
+                                                  self.params.address)
+        return cut

@@ -1,10 +1,10 @@
 """Can a mixed step's two kernels run side by side? Runtime.attention runs a step that mixes decode rows with a
 prefill chunk as two launches on one stream (the decode kernel, then the paged prefill kernel), so the step
-takes the sum of their times although one is bound by the tensor cores and the other by DRAM. Here the paged
-kernel's persistent grid is cut to P CTAs (P of the SMs) and the decode kernel runs on a second stream, forked
-and joined with events inside the timed CUDA graph, so its CTAs take the other SMs (and each SM the paged kernel
-leaves): fork_P<P> against the call as it is (seq), beside each kernel alone (prefill_only: all SMs,
-decode_only).
+takes the sum of their times although one is bound by the tensor cores and the other by DRAM. With
+prefill_sms=P the paged kernel's persistent grid is cut to P CTAs (P of the SMs) and the decode kernel runs on
+the runtime's second stream, forked and joined with events (inside the timed CUDA graph), so its CTAs take the
+other SMs (and each SM the paged kernel leaves): fork_P<P> against the call without it (seq), beside each kernel
+alone (prefill_only: all SMs, decode_only).
 
     python benchmarks/probes/mixed_overlap.py BUNDLE [--rounds N] [--out FILE]
 
@@ -13,6 +13,7 @@ bench_paged_varlen: CUDA graphs of 10 calls, L2 flushed before each replay, cont
 """
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,9 +28,11 @@ from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 CASES = {
     "chunk2048_decode63x4096": ((2048, 2048),) + ((1, 4096),) * 63,
     "chunk2048_prefix8192_decode63x4096": ((2048, 10240),) + ((1, 4096),) * 63,
+    "chunk2048_prefix4096_decode63x8192": ((2048, 6144),) + ((1, 8192),) * 63,
+    "chunk512_decode127x8192": ((512, 512),) + ((1, 8192),) * 127,
     "chunks4x512_decode60x8192": ((512, 512), (512, 4096), (512, 8704), (512, 1536)) + ((1, 8192),) * 60,
 }
-GRIDS = (110, 88, 66, 50, 40)
+GRIDS = tuple(int(g) for g in os.environ.get("MIXED_OVERLAP_GRIDS", "120,110,100,88,66").split(","))
 
 
 def main() -> None:
@@ -40,7 +43,6 @@ def main() -> None:
     a = ap.parse_args()
     rt = aotc.load(a.bundle)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    side = torch.cuda.Stream()
     rows = []
     for name, seqs in CASES.items():
         pool = Pool(seqs, 7)
@@ -62,22 +64,10 @@ def main() -> None:
         fns["decode_only"] = lambda plan=plan: plan.decode.launcher.launch(torch.cuda.current_stream().cuda_stream)
         for P in GRIDS:
             p, outs[f"fork_P{P}"] = plan_of()
-            cut = driver.Launcher(p.launcher.handle, (P, 1, 1), p.launcher.block, p.launcher.smem,
-                                  p.launcher.params.address)
-
-            def fork(p=p, cut=cut):
-                main = torch.cuda.current_stream()
-                ev = torch.cuda.Event()
-                ev.record(main)
-                side.wait_event(ev)
-                cut(main.cuda_stream)  # the paged kernel first: its CTAs take their SMs before decode's queue
-                p.decode.launcher.launch(side.cuda_stream)
-                done = torch.cuda.Event()
-                done.record(side)
-                main.wait_event(done)
-            fns[f"fork_P{P}"] = fork
+            fns[f"fork_P{P}"] = lambda p=p, o=outs[f"fork_P{P}"], P=P: p(pool.q, o, stream=torch.cuda.current_stream(),
+                                                                        prefill_sms=P)
             outs[f"fork_P{P}"].fill_(float("nan"))
-            fork()
+            fns[f"fork_P{P}"]()
         torch.cuda.synchronize()
         ref = outs["seq"].float()
         row = {"case": name, "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
@@ -86,7 +76,7 @@ def main() -> None:
             if n != "seq":
                 row[f"{n}_max_abs_diff_vs_seq"] = float((o.float() - ref).abs().max())
         row["seq_has_nan"] = bool(torch.isnan(ref).any())
-        med, fields = medians(interleaved({n: (lambda fn=fn: graph_time(fn, flush)) for n, fn in fns.items()},
+        med, fields = medians(interleaved({n: (lambda fn=fn: graph_time(fn, flush.zero_)) for n, fn in fns.items()},
                                           a.rounds), "us")
         row.update(fields)
         for n, t in med.items():

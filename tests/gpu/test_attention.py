@@ -356,6 +356,45 @@ def test_cuda_graph_replay_follows_device_metadata(rt, ops, via):
         b.check(step, io, f"{via} graph replay {i}")
 
 
+@pytest.mark.parametrize("sms", [1, 40, 131])
+def test_prefill_sms_steps_match_the_reference(rt, ops, sms):
+    """prefill_sms: the paged kernel on that many SMs, the decode kernel beside it on the runtime's second stream.
+    Every row matches the reference eagerly (Runtime.attention, then torch.ops.aotc.attention), and a CUDA graph
+    captured with it (on the capture stream, after an eager forked step) replays with new metadata, including a
+    step without a chunk and one without a decode row, and what follows the call on the same
+    stream sees both kernels' rows (the graph ends with a copy of out)."""
+    gen = torch.Generator(device="cuda").manual_seed(111 + sms)
+    b = PagedBatch([6145, 702, 35, 272, 4100], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2048 + 12, extra_cols=1)
+    b.cache.poison(POISON, tails=False)
+    steps = [
+        [(0, 2048, 2048), (1, 1, 700), (2, 1, 33), (3, 4, 260), (4, 1, 4100)],
+        [(4, 1, 4100), (1, 1, 701), (0, 2048, 6144), (3, 4, 264), (2, 1, 34)],
+        [(3, 4, 272), (2, 0, 35), (1, 1, 702), (0, 1, 6145), (4, 1, 4100)],  # no chunk
+        [(0, 2048, 4096), (3, 4, 272), (2, 0, 35), (1, 0, 702), (4, 0, 4100)],  # no decode row: the decode kernel finds none
+    ]
+    io, meta = b.io(), b.metadata(steps[0])
+    k, v = b.cache.k, b.cache.v
+    b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=2048, prefill_sms=sms)
+    b.check(steps[0], io, f"prefill_sms {sms} via Runtime.attention")
+    io.poison()
+    ops.attention(io.q, k, v, *meta, out=io.out, lse=io.lse, max_seqlen_q=2048, prefill_sms=sms)
+    b.check(steps[0], io, f"prefill_sms {sms} via torch.ops.aotc.attention")
+    after = torch.empty_like(io.out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.attention(io.q, k, v, *meta, out=io.out, lse=io.lse, max_seqlen_q=2048, prefill_sms=sms)
+        after.copy_(io.out)
+    for i, step in enumerate(steps):
+        b.write(step, meta)
+        io.q.copy_(torch.randn(io.q.shape, dtype=io.q.dtype, device="cuda", generator=gen))
+        io.poison()
+        graph.replay()
+        b.check(step, io, f"prefill_sms {sms} graph replay {i}")
+        n = sum(s_q for _, s_q, _ in step)
+        assert torch.equal(after[:n].view(torch.int16), io.out[:n].view(torch.int16)), \
+            f"replay {i}: the copy after the call did not see every row"
+
+
 def test_torch_functional_form(rt, ops):
     """aotc.torch.attention: (out, lse) allocated, or the caller's out/lse filled and returned."""
     gen = torch.Generator(device="cuda").manual_seed(106)

@@ -62,6 +62,8 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     return 0;
 }
 
+static void log3(uint64_t op, uint64_t a, uint64_t b);
+
 typedef struct {
     unsigned grid[3], block[3], shared_mem_bytes;
     void *stream;
@@ -77,6 +79,7 @@ int cuLaunchKernelEx(const launch_config *c, void *f, void **params, void **extr
     memcpy(stub_launch_args, a, sizeof a);
     stub_first_param = params ? *(uint64_t *)params[0] : 0;
     stub_launches++;
+    log3(3, (uint64_t)(uintptr_t)c->stream, 0);
     return env_int("STUB_LAUNCH_CODE", 0);
 }
 
@@ -97,6 +100,22 @@ int cuTensorMapEncodeTiled(void *map, int dtype, unsigned rank, void *address, c
     return 0;
 }
 
+/* streams and events: handles count up from these bases; stub_order logs (op, a, b) triples in call order:
+   op 1 = cuEventRecord(event a, stream b), 2 = cuStreamWaitEvent(stream a, event b), 3 = a launch on stream a */
+uint64_t stub_order[48];
+int stub_order_n = 0;
+static uint64_t next_stream = 0x5000, next_event = 0xE000;
+static void log3(uint64_t op, uint64_t a, uint64_t b) {
+    if (stub_order_n + 3 <= 48) { stub_order[stub_order_n] = op; stub_order[stub_order_n + 1] = a;
+                                  stub_order[stub_order_n + 2] = b; stub_order_n += 3; }
+}
+int cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = (void *)(uintptr_t)next_stream++; return 0; }
+int cuEventCreate(void **e, unsigned flags) { (void)flags; *e = (void *)(uintptr_t)next_event++; return 0; }
+int cuEventRecord(void *e, void *s) { log3(1, (uint64_t)(uintptr_t)e, (uint64_t)(uintptr_t)s); return 0; }
+int cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+    (void)flags; log3(2, (uint64_t)(uintptr_t)s, (uint64_t)(uintptr_t)e); return 0;
+}
+
 struct entry { const char *name; void *fn; };
 static const struct entry table[] = {
     {"cuDriverGetVersion", (void *)cuDriverGetVersion}, {"cuInit", (void *)cuInit},
@@ -107,6 +126,8 @@ static const struct entry table[] = {
     {"cuMemcpyHtoD", (void *)cuMemcpyHtoD},
     {"cuMemsetD32Async", (void *)cuMemsetD32Async}, {"cuStreamSynchronize", (void *)cuStreamSynchronize},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx}, {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
+    {"cuStreamCreate", (void *)cuStreamCreate}, {"cuEventCreate", (void *)cuEventCreate},
+    {"cuEventRecord", (void *)cuEventRecord}, {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
 };
 
 /* CUdriverProcAddressQueryResult: 0 found, 1 symbol not found; CUDA_ERROR_NOT_FOUND is 500 */
