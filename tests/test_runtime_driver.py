@@ -5,6 +5,7 @@ from tests/stub_driver/libcuda_stub.c, which records what each entry point was g
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import shutil
 import subprocess
@@ -192,6 +193,11 @@ def test_a_fork_runs_its_second_launch_on_the_side_stream_between_fork_and_join(
     assert (r1, w1, l1, l2, r2, w2) == (1, 2, 3, 3, 1, 2)
     assert (s1, s2, e2, on1, on2) == (0xCAFE, side, e_fork, 0xCAFE, side)
     assert (s3, s4, e4) == (side, 0xCAFE, e_join) and e_join != e_fork
+    del fork  # its events go with it
+    gc.collect()
+    n2 = ctypes.c_int.in_dll(stub, "stub_order_n").value
+    log = _recorded(stub, "stub_order", n2)
+    assert sorted(log[i + 1] for i in range(n, n2, 3) if log[i] == 4) == sorted([e_fork, e_join])
 
 
 def test_a_failed_launch_is_a_driver_error(stub, monkeypatch):

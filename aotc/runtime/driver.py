@@ -78,6 +78,7 @@ _PROTOTYPES = {
     "cuEventCreate": (_P(c_void_p), c_uint),
     "cuEventRecord": (c_void_p, c_void_p),
     "cuStreamWaitEvent": (c_void_p, c_void_p, c_uint),
+    "cuEventDestroy_v2": (c_void_p,),
     "cuLibraryLoadData": (_P(c_void_p), c_char_p, c_void_p, c_void_p, c_uint, c_void_p, c_void_p, c_uint),
     "cuLibraryGetKernel": (_P(c_void_p), c_void_p, c_char_p),
     "cuLibraryUnload": (c_void_p,),
@@ -350,37 +351,51 @@ def stream_create() -> int:
 
 
 def event_create() -> int:
-    """A new event without timing (never destroyed: a plan keeps its two for its lifetime)."""
+    """A new event without timing (destroyed with the Fork that holds it)."""
     init()
     e = c_void_p()
     call("cuEventCreate", byref(e), CU_EVENT_DISABLE_TIMING)
     return e.value or 0
 
 
+def _destroy_events(*events: int) -> None:
+    try:
+        destroy = function("cuEventDestroy_v2")
+        for e in events:
+            destroy(e)
+    except Exception:  # at interpreter exit the driver may be gone: the process frees them anyway
+        pass
+
+
 class Fork:
     """Two launches side by side: first() on `stream`, second() on the side stream once everything enqueued on
     `stream` before the fork is done, and `stream` waiting for the side stream's work again after them, so what
-    follows on `stream` sees both (and a CUDA graph captured on `stream` holds both branches). The events are
-    made when the Fork is (outside any capture: creating one inside a capture is an error)."""
+    follows on `stream` sees both (and a CUDA graph captured on `stream` holds both branches: capture turns the
+    event waits into graph edges, so a graph outlives the Fork's events). The events are made when the Fork is
+    (outside any capture: creating one inside a capture is an error) and destroyed with it."""
 
-    __slots__ = ("side", "_record", "_wait", "_fork", "_join")
+    __slots__ = ("side", "_record", "_wait", "_fork", "_join", "_finalizer", "__weakref__")
 
     def __init__(self, side: int):
         self.side = side
         self._record, self._wait = function("cuEventRecord"), function("cuStreamWaitEvent")
         self._fork, self._join = event_create(), event_create()
+        self._finalizer = weakref.finalize(self, _destroy_events, self._fork, self._join)
 
     def __call__(self, stream: int, first, second) -> None:
-        for err, what in ((self._record(self._fork, stream), "cuEventRecord"),
-                          (self._wait(self.side, self._fork, 0), "cuStreamWaitEvent")):
-            if err:
-                raise driver_error(what, err)
+        self._order(self._fork, stream, self.side)  # the side stream starts after what `stream` holds so far
         first(stream)
         second(self.side)
-        for err, what in ((self._record(self._join, self.side), "cuEventRecord"),
-                          (self._wait(stream, self._join, 0), "cuStreamWaitEvent")):
-            if err:
-                raise driver_error(what, err)
+        self._order(self._join, self.side, stream)  # `stream` goes on after the side stream's launch
+
+    def _order(self, event: int, before: int, after: int) -> None:
+        """`after` waits for the work enqueued on `before` so far."""
+        err = self._record(event, before)
+        if err:
+            raise driver_error("cuEventRecord", err)
+        err = self._wait(after, event, 0)
+        if err:
+            raise driver_error("cuStreamWaitEvent", err)
 
 
 # ---- the launch hot path -------------------------------------------------------

@@ -101,7 +101,8 @@ int cuTensorMapEncodeTiled(void *map, int dtype, unsigned rank, void *address, c
 }
 
 /* streams and events: handles count up from these bases; stub_order logs (op, a, b) triples in call order:
-   op 1 = cuEventRecord(event a, stream b), 2 = cuStreamWaitEvent(stream a, event b), 3 = a launch on stream a */
+   op 1 = cuEventRecord(event a, stream b), 2 = cuStreamWaitEvent(stream a, event b), 3 = a launch on stream a,
+   4 = cuEventDestroy_v2(event a) */
 uint64_t stub_order[48];
 int stub_order_n = 0;
 static uint64_t next_stream = 0x5000, next_event = 0xE000;
@@ -112,6 +113,7 @@ static void log3(uint64_t op, uint64_t a, uint64_t b) {
 int cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = (void *)(uintptr_t)next_stream++; return 0; }
 int cuEventCreate(void **e, unsigned flags) { (void)flags; *e = (void *)(uintptr_t)next_event++; return 0; }
 int cuEventRecord(void *e, void *s) { log3(1, (uint64_t)(uintptr_t)e, (uint64_t)(uintptr_t)s); return 0; }
+int cuEventDestroy_v2(void *e) { log3(4, (uint64_t)(uintptr_t)e, 0); return 0; }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     (void)flags; log3(2, (uint64_t)(uintptr_t)s, (uint64_t)(uintptr_t)e); return 0;
 }
@@ -128,6 +130,7 @@ static const struct entry table[] = {
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx}, {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
     {"cuStreamCreate", (void *)cuStreamCreate}, {"cuEventCreate", (void *)cuEventCreate},
     {"cuEventRecord", (void *)cuEventRecord}, {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
+    {"cuEventDestroy_v2", (void *)cuEventDestroy_v2},
 };
 
 /* CUdriverProcAddressQueryResult: 0 found, 1 symbol not found; CUDA_ERROR_NOT_FOUND is 500 */
