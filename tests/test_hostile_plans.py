@@ -197,10 +197,11 @@ class RecordingFork:
     def __init__(self, calls, side=0x5EED):
         self.calls, self.side = calls, side
 
-    def __call__(self, stream, first, second):
+    def begin(self, stream):
         self.calls.append(("fork", stream, self.side))
-        first(stream)
-        second(self.side)
+        return self.side
+
+    def end(self, stream):
         self.calls.append(("join", self.side, stream))
 
 

@@ -176,16 +176,19 @@ def test_launcher_passes_every_argument_and_follows_the_stream(stub):
 
 
 def test_a_fork_runs_its_second_launch_on_the_side_stream_between_fork_and_join(stub):
-    """driver.Fork: record on the caller's stream, the side stream waits, the first launch on the caller's stream,
-    the second on the side stream, record on the side stream, the caller's stream waits: what is enqueued after
-    it on the caller's stream follows both launches."""
+    """driver.Fork: begin records on the caller's stream and the side stream waits; then a launch on each stream; end
+    records on the side stream and the caller's stream waits: what is enqueued after it on the caller's stream
+    follows both launches."""
     side = driver.stream_create()
     fork = driver.Fork(side)
     assert side and fork.side == side and driver.stream_create() != side
     ctypes.c_int.in_dll(stub, "stub_order_n").value = 0
     first = driver.Launcher(0x1234, (40, 1, 1), (384, 1, 1), 0, 0)
     second = driver.Launcher(0x5678, (8, 97, 1), (128, 1, 1), 0, 0)
-    fork(0xCAFE, first, second)
+    on_side = fork.begin(0xCAFE)  # as AttentionPlan.run forks: begin, the two launches, end
+    first(0xCAFE)
+    second(on_side)
+    fork.end(0xCAFE)
     n = ctypes.c_int.in_dll(stub, "stub_order_n").value
     log = _recorded(stub, "stub_order", n)
     steps = [tuple(log[i:i + 3]) for i in range(0, n, 3)]

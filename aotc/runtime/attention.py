@@ -547,9 +547,11 @@ class AttentionPlan(Plan):
         if decode_runs and prefill_sms is not None and self.portable is None and prefill_sms < self.launcher.grid[0]:
             # side by side: the paged kernel's persistent grid on prefill_sms SMs, the decode kernel on the
             # runtime's second stream taking the others (and each SM the paged kernel leaves)
-            self._fork_of()(stream, self.launcher.with_grid_x(prefill_sms),
-                            lambda side: self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q,
-                                                                    side))
+            fork = self._fork_of()
+            side = fork.begin(stream)
+            self.launcher.with_grid_x(prefill_sms)(stream)
+            self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, side)
+            fork.end(stream)
             return
         if decode_runs:
             self.decode.launch_checked(q, out, lse, seqlens_kv, page_table, cu_seqlens_q, stream)

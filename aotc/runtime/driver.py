@@ -368,11 +368,11 @@ def _destroy_events(*events: int) -> None:
 
 
 class Fork:
-    """Two launches side by side: first() on `stream`, second() on the side stream once everything enqueued on
-    `stream` before the fork is done, and `stream` waiting for the side stream's work again after them, so what
-    follows on `stream` sees both (and a CUDA graph captured on `stream` holds both branches: capture turns the
-    event waits into graph edges, so a graph outlives the Fork's events). The events are made when the Fork is
-    (outside any capture: creating one inside a capture is an error) and destroyed with it."""
+    """Two launches side by side: begin(stream) makes the side stream wait for everything enqueued on `stream` so far
+    and returns it; launches then go on `stream` and on the side stream; end(stream) makes `stream` wait for the side
+    stream's, so what follows on `stream` sees both (and a CUDA graph captured on `stream` holds both branches:
+    capture turns the event waits into graph edges, so a graph outlives the Fork's events). The events are made
+    when the Fork is (outside any capture: creating one inside a capture is an error) and destroyed with it."""
 
     __slots__ = ("side", "_record", "_wait", "_fork", "_join", "_finalizer", "__weakref__")
 
@@ -382,11 +382,14 @@ class Fork:
         self._fork, self._join = event_create(), event_create()
         self._finalizer = weakref.finalize(self, _destroy_events, self._fork, self._join)
 
-    def __call__(self, stream: int, first, second) -> None:
-        self._order(self._fork, stream, self.side)  # the side stream starts after what `stream` holds so far
-        first(stream)
-        second(self.side)
-        self._order(self._join, self.side, stream)  # `stream` goes on after the side stream's launch
+    def begin(self, stream: int) -> int:
+        """The side stream, starting after what `stream` holds so far."""
+        self._order(self._fork, stream, self.side)
+        return self.side
+
+    def end(self, stream: int) -> None:
+        """`stream` goes on after what the side stream holds so far."""
+        self._order(self._join, self.side, stream)
 
     def _order(self, event: int, before: int, after: int) -> None:
         """`after` waits for the work enqueued on `before` so far."""

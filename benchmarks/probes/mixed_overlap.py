@@ -21,7 +21,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aotc  # noqa: E402
-from aotc.runtime import driver  # noqa: E402
 from benchmarks.bench_paged_varlen import Pool, rounded  # noqa: E402
 from benchmarks.timing import graph_time, interleaved, medians  # noqa: E402
 
@@ -59,8 +58,7 @@ def main() -> None:
         plan, outs["seq"] = plan_of()
         fns["seq"] = lambda plan=plan: plan(pool.q, outs["seq"], stream=torch.cuda.current_stream())
         pl = plan.launcher
-        whole = driver.Launcher(pl.handle, pl.grid, pl.block, pl.smem, pl.params.address)
-        fns["prefill_only"] = lambda whole=whole: whole(torch.cuda.current_stream().cuda_stream)
+        fns["prefill_only"] = lambda pl=pl: pl.launch(torch.cuda.current_stream().cuda_stream)
         fns["decode_only"] = lambda plan=plan: plan.decode.launcher.launch(torch.cuda.current_stream().cuda_stream)
         for P in GRIDS:
             p, outs[f"fork_P{P}"] = plan_of()
