@@ -16,7 +16,9 @@ rotated order for --rounds rounds (benchmarks/timing.py);
 *_us is the median over rounds, *_spread (max - min) / median. Cases (CASES):
 
 * chunk2048_prefix{0,8192,30720}: B 1, 2048 new tokens over a prefix already in the cache (s_kv = prefix +
-  2048). aotc_tflops = 4 * D * H_q * (the keys each query row sees, summed) / time; the same FLOPs over the
+  2048); chunks4x512_prefix0-8192 and chunks8x256_prefix0-14336_rising: the chunks of several requests in one
+  step, each over a prefix of its own (4 x 512 tokens over 0, 3584, 8192 and 1024 keys; 8 x 256 over 0, 2048,
+  ..., 14336, the longest last). aotc_tflops = 4 * D * H_q * (the keys each query row sees, summed) / time; the same FLOPs over the
   time of aotc's ragged prefill on the sequence's K/V packed contiguously (rt.prefill_ragged: dense_tflops)
   and of FA3's flash_attn_varlen_func on those packed K/V (fa3_tflops); x_dense, x_fa3 = aotc's rate over theirs.
 * mixed_chunk2048_decode63x4096: one 2048-token chunk (prefix 0) and 63 decode rows at 4096 keys in one
@@ -99,6 +101,9 @@ CASES = (
     chunk_case(0),
     chunk_case(8192),
     chunk_case(30720),
+    # chunks of several requests over unequal prefixes in one step: tiles that cost up to 17x one another
+    Case("chunks4x512_prefix0-8192", "chunk", ((512, 512), (512, 4096), (512, 8704), (512, 1536))),
+    Case("chunks8x256_prefix0-14336_rising", "chunk", tuple((256, 256 + 2048 * i) for i in range(8))),
     Case(f"mixed_chunk{CHUNK}_decode63x4096", "mixed", ((CHUNK, CHUNK),) + ((1, 4096),) * 63),
     Case("decode_b64_4096", "decode", ((1, 4096),) * 64),
 )

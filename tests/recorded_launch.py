@@ -40,3 +40,12 @@ def record_launches(monkeypatch) -> list[dict]:
 
     monkeypatch.setattr(Plan, "bind", bind)
     return launched
+
+
+COUNTERS = 1 << 40
+
+
+def stream_counters():
+    """A fake runtime's tile_counters (aotc.runtime.counters): each stream's counter at COUNTERS + stream, an
+    address that names the stream in a recorded launch's tile_counter."""
+    return SimpleNamespace(reserve=lambda device: None, get=lambda device, stream: COUNTERS + stream)

@@ -33,7 +33,7 @@ from aotc.runtime import tensor
 from aotc.runtime.prefill import PrefillPlan
 from aotc.runtime.tensors import TensorArg
 from aotc.runtime.validate import packed_strides
-from recorded_launch import record_launches
+from recorded_launch import COUNTERS, record_launches, stream_counters
 from test_runtime_attention import fake_kernel as paged_kernel
 from test_runtime_attention_plan import RecordingSlot
 from test_runtime_workspace import DecodeRuntime
@@ -133,6 +133,7 @@ class AttentionRuntime:
     def __init__(self):
         self.plans = {}
         self.workspaces = DecodeRuntime().workspaces
+        self.tile_counters = stream_counters()
 
     def device(self):
         return 0
@@ -224,12 +225,16 @@ def test_prefill_sms_runs_the_paged_kernel_on_that_many_sms_beside_the_decode_ke
     assert calls == [("fork", 7, 0x5EED), ("join", 0x5EED, 7)]
     paged, decode = launches
     assert (paged["grid"], paged["stream"]) == ((40, 1, 1), 7) and "tma_q" in paged
+    assert paged["tile_counter"] == COUNTERS + 7  # the paged kernel draws its tiles from the call stream's counter
     assert decode["stream"] == 0x5EED and "target_chunks" in decode
     for sms in (None, 132, 500):
         launches.clear()
         plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=sms)
         assert [(x["grid"][0], x["stream"], "target_chunks" in x) for x in launches] == \
             [(launches[0]["grid"][0], 7, True), (132, 7, False)]
+    launches.clear()
+    plan.checked_run(q.ptr, o.ptr, stream=9)
+    assert launches[-1]["tile_counter"] == COUNTERS + 9  # a step on another stream: that stream's counter
     assert len(calls) == 2  # no fork past the first step
     launches.clear()
     plan.checked_run(q.ptr, o.ptr, stream=7, prefill_sms=40, min_seqlen_q=2)  # no decode row: no fork

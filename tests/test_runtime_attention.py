@@ -14,7 +14,7 @@ from aotc.cli import main
 from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families import get_family
-from aotc.families.sdpa_prefill_sm90 import _why_invalid, kv_box_rows, tma_recipe
+from aotc.families.sdpa_prefill_sm90 import _why_invalid, draws_tiles, kv_box_rows, tma_recipe
 from aotc.runtime import tensor
 from aotc.runtime.attention import _recipes, check_attention
 from aotc.runtime.validate import packed_strides
@@ -43,7 +43,7 @@ def fake_kernel(head_dim: int, page: int, block_n: int, kv_dtype: str = "bf16"):
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=f"paged{page}",
                      causal=True, block_n=block_n, kv_dtype=kv_dtype)
     assert get_family("sdpa_prefill_sm90").why_invalid(dict(v.fields)) is None
-    launch = SimpleNamespace(extra={"tma": tma_recipe(v, block_n)})
+    launch = SimpleNamespace(extra={"tma": tma_recipe(v, block_n), "draws_tiles": draws_tiles(v)})
     return SimpleNamespace(variant=v, artifact=SimpleNamespace(launch=launch))
 
 

@@ -12,7 +12,7 @@ from aotc.common.errors import ArgumentError
 from aotc.families.sdpa_prefill_sm90 import PARAMS
 from aotc.runtime import tensor
 from aotc.runtime.validate import packed_strides
-from recorded_launch import record_launches
+from recorded_launch import record_launches, stream_counters
 from test_runtime_attention import fake_kernel
 
 H, H_KV, D, B = 8, 2, 128, 3
@@ -35,6 +35,7 @@ class RecordingSlot:
 class FakeRuntime:
     def __init__(self):
         self.plans = {}
+        self.tile_counters = stream_counters()
 
     def device(self):
         return 0

@@ -68,8 +68,9 @@ def test_reserve_leaves_a_free_slot_so_a_new_stream_allocates_nothing():
 
 @pytest.mark.parametrize("head_dim,layout,causal,draws", [
     (128, "dense", True, True), (256, "dense", True, True), (64, "dense", True, False), (128, "dense", False, False),
-    (128, "ragged", True, False), (128, "paged16", True, False)])
-def test_only_dense_causal_d128_d256_variants_draw_tiles(head_dim, layout, causal, draws):
+    (128, "ragged", True, True), (64, "ragged", False, True), (128, "paged16", True, True),
+    (256, "paged128", False, True)])
+def test_ragged_paged_and_dense_causal_d128_d256_variants_draw_tiles(head_dim, layout, causal, draws):
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=layout, causal=causal,
                      block_n={64: 128, 128: 128, 256: 80}[head_dim])
     assert launch_facts(v).extra["draws_tiles"] is draws

@@ -18,6 +18,7 @@ from aotc.families.features import FEATURE_PARAMS, FEATURES
 from aotc.families.sdpa_prefill_sm90 import PARAMS
 from aotc.runtime import tensor
 from aotc.runtime.features import check_features, feature_scalars
+from recorded_launch import stream_counters
 from test_runtime_attention import fake_kernel
 from test_runtime_attention_plan import GAP, H, D, launches, step  # noqa: F401 (launches: a fixture)
 
@@ -123,6 +124,7 @@ class FeatureRuntime:
 
     def __init__(self, have: dict):
         self.plans = {}
+        self.tile_counters = stream_counters()
         self.have = have
         self.asked = []
 

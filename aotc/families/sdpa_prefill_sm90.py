@@ -250,9 +250,12 @@ DRAWN_TAIL_HEAD_DIMS = (128, 256)
 
 
 def draws_tiles(variant: Variant) -> bool:
-    """Whether the variant's kernel takes the tile_counter parameter's counter (the runtime passes its stream's)."""
-    return (bool(variant["causal"]) and variant["layout"] == "dense"
-            and int(variant["head_dim"]) in DRAWN_TAIL_HEAD_DIMS)
+    """Whether the variant's kernel takes the tile_counter parameter's counter (the runtime passes its stream's):
+    every ragged and paged kernel (they draw every tile after their first: aotc.kernels.tile_scheduler.RaggedTiles),
+    and the dense causal D128 and D256 ones (their tail)."""
+    if variant["layout"] != "dense":
+        return True
+    return bool(variant["causal"]) and int(variant["head_dim"]) in DRAWN_TAIL_HEAD_DIMS
 
 
 def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:

@@ -17,8 +17,9 @@ first (PersistentTiles.drawn_plan), so CTAs that finish early take more and the 
 shortest tiles. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
 heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
-Ragged and paged calls take their tiles' pairs from the device-side lengths instead
-(tile_scheduler.RaggedTiles: unpaged_ragged_item, paged_item).
+Ragged and paged calls enumerate their tiles from the device-side lengths instead, each sequence's longest
+first, and every CTA draws each tile after its first from the runtime's counter (tile_scheduler.RaggedTiles:
+unpaged_ragged_item, paged_item; the producer hands each drawn tile to the other warps, publish_tile/take_tile).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
@@ -78,7 +79,7 @@ from .seqlen import seq_bounds
 from .softmax import (LOG2_E, NEG_INF, ScoreScale, capped_softmax_row, normalize_rows, rescale_rows, softcap_row,
                       softmax_row,
                       store_lse_rows)
-from .tile_scheduler import PersistentTiles, RaggedTiles
+from .tile_scheduler import PersistentTiles, RaggedTiles, draw_tile, settle_draw
 from .warp_mma import DTYPES, VEC, make_s2g
 
 
@@ -161,9 +162,11 @@ class SdpaPrefillSm90:
         self.q_tx = n_wg_rows * D * elem_bytes * n_wg  # every Q slab, on one barrier (paged: its packed rows)
         self.kv_tx = bn * D * (1 if self.fp8 else elem_bytes)  # bytes a K or V block brings (fp8: into staging)
         self.scheduler = PersistentTiles(causal, _PAIRS_WHENEVER_THEY_FILL_THE_GRID[D], _PAIRS_MIN_TILES_PER_HEAD)
-        # dense causal D128/D256: the tail's tiles drawn from the runtime's counter, longest first
-        # (PersistentTiles.drawn_plan)
+        # tiles drawn from the runtime's counter: ragged and paged, every tile after a CTA's first (RaggedTiles);
+        # dense causal D128/D256, the tail's, longest first (PersistentTiles.drawn_plan)
         self.draws_tiles = draws_tiles(variant)
+        # the warps that take each drawn tile from the producer: the consumers', and fp8 KV's conversion warps
+        self.tile_takers = self.consumer_warps + (self.CONVERT_WARPS if self.fp8 else 0)
         if self.paged:
             # rows of one K/V TMA box (kv_box_rows): a whole page, a block inside one page, or, where neither
             # divides the other (D256's 80 keys over pages of 32-128), 16 rows inside one page
@@ -280,58 +283,62 @@ class SdpaPrefillSm90:
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
 
     @cute.jit
-    def ragged_tile(self, i, lane, cu_seqlens_q, batch, tile_tokens, heads, min_seqlen_q, first_tile, n_ctas, n_items):
-        """(valid, bidx, head, m_block, q_start, s_q) of this CTA's i-th tile of a ragged batch (RaggedTiles,
-        warp-wide: tile i % 2 of the pair of work item i // 2; valid 0 past the last item, or for the missing
-        partner of a middle tile). Paged: rows GQA-packed (tile_tokens tokens), head a KV head; ragged:
-        block_m tokens of one query head."""
-        t = self.ragged_tiles.item(i // 2, first_tile, n_ctas)
-        valid = Int32(0)
-        if t < n_items:
-            valid = Int32(1)
-        t = cutlass.min(t, n_items - 1)
-        bidx, head, pair, tiles, q_start, s_q = self.ragged_tiles.locate(t, cu_seqlens_q, batch, tile_tokens, heads,
-                                                                         min_seqlen_q, lane)
-        m_block = tiles - 1 - pair
-        if i % 2 == 1:
-            m_block = pair
-            if pair == tiles - 1 - pair:
-                valid = Int32(0)
-        return valid, bidx, head, m_block, q_start, s_q
-
-    @cute.jit
-    def ragged_rounds(self, lane, cu_seqlens_q, batch, heads_q, n_ctas):
-        """(work items, rounds: two tiles an item) of a ragged (unpaged) batch, warp-wide."""
-        n_items = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, lane)
-        return n_items, 2 * ((n_items + (n_ctas - 1)) // n_ctas)
-
-    @cute.jit
-    def unpaged_ragged_item(self, i, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q, first_tile, n_ctas, n_items):
-        """(valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv) of this CTA's i-th tile of a ragged
-        (unpaged) batch: ragged_tile() over query heads, so the grid walks only the batch's real tiles
-        (the dense schedule over max_seqlen_q tiles per sequence skipped the short ones' empty tiles one by
-        one: 1 x 16384 + 31 x 512 tokens ran 0.87x the time of the same work as two dense calls)."""
-        valid, bidx, head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, self.bm, heads_q, 0,
-                                                                    first_tile, n_ctas, n_items)
+    def unpaged_ragged_item(self, r, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q):
+        """(m_block, head, bidx, q_start, s_q, kv_start, s_kv) of tile r of a ragged (unpaged) batch
+        (RaggedTiles: block_m tokens of one query head), so the grid walks only the batch's real tiles."""
+        bidx, head, m_block, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.bm, heads_q, 0,
+                                                                     lane)
         kv_start = cu_seqlens_kv[bidx]
         s_kv = cu_seqlens_kv[bidx + 1] - kv_start
-        return valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv
+        return m_block, head, bidx, q_start, s_q, kv_start, s_kv
 
     @cute.jit
-    def paged_item(self, i, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
-                   first_tile, n_ctas, n_items, window_left):
-        """(valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range) of this CTA's i-th tile
-        (ragged_tile(); slab_tokens: query tokens of one warpgroup's packed slab) and the kv blocks its
-        queries see (kv_blocks_for_queries: n_min, n_max, n_mask_min, n_left_end)."""
+    def paged_item(self, r, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
+                   window_left):
+        """(bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range) of tile r (RaggedTiles: GQA-packed rows, n_wg
+        slabs of slab_tokens query tokens, one KV head) and the kv blocks its queries see
+        (kv_blocks_for_queries: n_min, n_max, n_mask_min, n_left_end)."""
         tokens = self.n_wg * slab_tokens  # query tokens of a packed tile
-        valid, bidx, kv_head, m_block, q_start, s_q = self.ragged_tile(i, lane, cu_seqlens_q, batch, tokens, heads_kv,
-                                                                       min_seqlen_q, first_tile, n_ctas, n_items)
+        bidx, kv_head, m_block, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, tokens, heads_kv,
+                                                                        min_seqlen_q, lane)
         # keys of the sequence, cut at its page-table row's end (never read past the row)
         s_kv = cutlass.min(cutlass.max(seqlens_kv[bidx], Int32(0)), max_pages * self.page)
         q_first = m_block * tokens
         q_last = cutlass.min(q_first + tokens, s_q) - 1
         kv_range = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
-        return valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range
+        return bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range
+
+    # Drawn tiles (RaggedTiles; PersistentTiles.drawn_plan): the producer draws the CTA's next tile as the current
+    # one's loads start (the atomic's latency hides behind them), then puts it into TILE_SLOT once every taker (each
+    # consumer warp, and fp8 KV's conversion warps) took the one before, and arrives on tile_full; each taker's
+    # lane 0 reads it and arrives on tile_empty (mbarriers: the takers never wait for each other).
+
+    @cute.jit
+    def publish_tile(self, bars, r, handoff, one: cutlass.Constexpr):
+        """Producer: tile r (the CTA's next; past the last tile: none) into TILE_SLOT. one: the caller is a
+        single thread, else a whole warp, whose lane 0 writes."""
+        cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
+        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+        full = bars + self.tile_full()
+        writer = Int32(1)
+        if cutlass.const_expr(not one):
+            writer = Int32(cute.arch.lane_idx() == 0)
+        if writer != 0:
+            slot[0] = Int64(r)
+            cute.arch.mbarrier_arrive(full)
+
+    @cute.jit
+    def take_tile(self, bars, handoff):
+        """A taker warp: the CTA's next tile, from TILE_SLOT (its lane 0 takes it for the warp: the slot's one
+        reader there, so its arrive orders its own read before the producer's next write)."""
+        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+        empty = bars + self.tile_empty()
+        cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
+        taken = Int32(0)
+        if cute.arch.lane_idx() == 0:
+            taken = Int32(slot[0])
+            cute.arch.mbarrier_arrive(empty)
+        return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
 
     @cute.jit
     def page_id(self, ctx, n, lane):
@@ -944,7 +951,7 @@ class SdpaPrefillSm90:
                         cute.arch.mbarrier_init(bars + self.v8_empty(s), self.CONVERT_WARPS)
                 if cutlass.const_expr(self.draws_tiles):
                     cute.arch.mbarrier_init(bars + self.tile_full(), 1)
-                    cute.arch.mbarrier_init(bars + self.tile_empty(), self.consumer_warps)
+                    cute.arch.mbarrier_init(bars + self.tile_empty(), self.tile_takers)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -959,65 +966,82 @@ class SdpaPrefillSm90:
             # GQA packing: a warpgroup's 64-row slab holds the query heads of slab_tokens tokens (the runtime
             # checks group <= 64; a group that does not divide 64 leaves the slab's last rows padding)
             slab_tokens = Int32(self.n_wg_rows) // group
-            n_items = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv, min_seqlen_q,
+            n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv, min_seqlen_q,
                                               tidx % 32)
-            rounds = 2 * ((n_items + (n_ctas - 1)) // n_ctas)  # two tiles per work item
-            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages, first_tile,
-                          n_ctas, n_items, window_left)
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages, window_left)
         elif cutlass.const_expr(self.ragged):
-            # one query head's tokens a tile (no GQA packing); each role counts the items after its setmaxnreg
+            # one query head's tokens a tile (no GQA packing); each role counts the tiles after its setmaxnreg
             # (a count made before it lives across the register cut: D64's producer spilled it)
-            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q, first_tile, n_ctas)
-            n_items = Int32(0)
+            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q)
+            n_tiles = Int32(0)
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if cutlass.const_expr(self.paged):
-                if warp_idx == 0:
+                if warp_idx == 0:  # the tile scan and the page-table reads are warp-wide; one lane issues
                     g0 = Int32(0)
                     q_count = Int32(0)
-                    for i in cutlass.range(rounds, unroll=1):
-                        valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
-                            i, tidx % 32, *paged_args)
+                    handoff = Int32(0)
+                    r = first_tile
+                    while r < n_tiles:
+                        taken = Int32(0)
+                        if tidx == 0:
+                            taken = draw_tile(tile_counter)
+                        bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, tidx, *paged_args)
                         n_min, n_max, _, _ = kv_range
-                        if valid != 0:
-                            tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
-                                                   slab_tokens=slab_tokens,
-                                                   page_table=page_table, pt_row=Int64(bidx) * pt_stride_b,
-                                                   pt_stride_p=pt_stride_p)
-                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
-                                                q_count)
-                            g0 = g0 + (n_max - n_min)
-                            q_count = q_count + 1
+                        tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
+                                               slab_tokens=slab_tokens, page_table=page_table,
+                                               pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
+                        self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
+                                            q_count)
+                        g0 = g0 + (n_max - n_min)
+                        q_count = q_count + 1
+                        if tidx == 0:
+                            settle_draw(tile_counter, taken, n_tiles - 1)
+                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+                        self.publish_tile(bars, r, handoff, False)
+                        handoff = handoff + 1
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
                         g0 = Int32(0)
-                        for i in cutlass.range(rounds, unroll=1):
-                            valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
-                                i, tidx % 32, *paged_args)
+                        handoff = Int32(0)
+                        r = first_tile
+                        while r < n_tiles:
+                            bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, tidx % 32,
+                                                                                                    *paged_args)
                             n_min, n_max, _, _ = kv_range
-                            if valid != 0:
-                                for t in cutlass.range(n_max - n_min, unroll=1):
-                                    valid_rows = s_kv - (n_max - 1 - t) * self.bn
-                                    self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
-                                    self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
-                                g0 = g0 + (n_max - n_min)
+                            for t in cutlass.range(n_max - n_min, unroll=1):
+                                valid_rows = s_kv - (n_max - 1 - t) * self.bn
+                                self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
+                                self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
+                            g0 = g0 + (n_max - n_min)
+                            r = self.take_tile(bars, handoff)
+                            handoff = handoff + 1
             elif cutlass.const_expr(self.ragged):
-                if warp_idx == 0:  # the work-item scan is warp-wide; one lane issues
+                if warp_idx == 0:  # the tile scan is warp-wide; one lane issues
                     g0 = Int32(0)
                     q_count = Int32(0)
-                    n_items, rounds = self.ragged_rounds(tidx % 32, cu_seqlens_q, batch, heads_q, n_ctas)
-                    for i in cutlass.range(rounds, unroll=1):
-                        valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(
-                            i, tidx % 32, *ragged_args, n_items)
-                        if valid != 0:
-                            n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
-                                                                self.window, window_left)
-                            with cute.arch.elect_one():
-                                self.producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group,
-                                                   bidx, m_block, n_max, n_max - n_min, g0, q_count)
-                            g0 = g0 + (n_max - n_min)
-                            q_count = q_count + 1
+                    handoff = Int32(0)
+                    n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, tidx)
+                    r = first_tile
+                    while r < n_tiles:
+                        taken = Int32(0)
+                        if tidx == 0:
+                            taken = draw_tile(tile_counter)
+                        m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(r, tidx,
+                                                                                                     *ragged_args)
+                        n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
+                                                            self.window, window_left)
+                        with cute.arch.elect_one():
+                            self.producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group,
+                                               bidx, m_block, n_max, n_max - n_min, g0, q_count)
+                        g0 = g0 + (n_max - n_min)
+                        q_count = q_count + 1
+                        if tidx == 0:
+                            settle_draw(tile_counter, taken, n_tiles - 1)
+                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+                        self.publish_tile(bars, r, handoff, False)
+                        handoff = handoff + 1
             elif warp_idx == 0:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
@@ -1137,56 +1161,62 @@ class SdpaPrefillSm90:
                 ctx.o_off = Int64(0)
                 ctx.group = group
                 ctx.slab_tokens = slab_tokens
-                for i in cutlass.range(rounds, unroll=1):
-                    valid, bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(
-                        i, ctx.lane, *paged_args)
-                    if valid != 0:
-                        tile = SimpleNamespace(**vars(ctx))
-                        tile.m_block = m_block
-                        tile.s_q = s_q
-                        tile.s_kv = s_kv
-                        tile.q_start = q_start
-                        tile.kv_head = kv_head
-                        tile.tok0 = (m_block * self.n_wg + wg_index) * slab_tokens  # the slab's first query token
-                        if cutlass.const_expr(self.fp8):  # the KV head's scales (descale_stride_h 0: one for all)
-                            tile.k_scale = k_descale[kv_head * descale_stride_h]
-                            tile.v_scale = v_descale[kv_head * descale_stride_h]
-                        # each row's exclusive key limit (and, windowed, its first key), from its query token
-                        row_lim = cute.make_rmem_tensor((n_rows,), Int32)
-                        row_lo = cute.make_rmem_tensor((n_rows,), Int32)
-                        for r in cutlass.range_constexpr(n_rows):
-                            row_lim[r] = s_kv
-                            tok, _ = self.packed_token(tile, ctx.local0 + ctx.cS_mn[r, 0][0])
-                            if cutlass.const_expr(self.causal):
-                                row_lim[r] = cutlass.min(s_kv, tok + 1 + s_kv - s_q)
-                            row_lo[r] = tok + s_kv - s_q - window_left
-                        tile.row_lim = row_lim
-                        tile.row_lo = row_lo
-                        self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
-                        n_min, n_max, _, _ = kv_range
-                        g0 = g0 + (n_max - n_min)
-                        q_count = q_count + 1
+                handoff = Int32(0)
+                r = first_tile
+                while r < n_tiles:
+                    bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, ctx.lane, *paged_args)
+                    tile = SimpleNamespace(**vars(ctx))
+                    tile.m_block = m_block
+                    tile.s_q = s_q
+                    tile.s_kv = s_kv
+                    tile.q_start = q_start
+                    tile.kv_head = kv_head
+                    tile.tok0 = (m_block * self.n_wg + wg_index) * slab_tokens  # the slab's first query token
+                    if cutlass.const_expr(self.fp8):  # the KV head's scales (descale_stride_h 0: one for all)
+                        tile.k_scale = k_descale[kv_head * descale_stride_h]
+                        tile.v_scale = v_descale[kv_head * descale_stride_h]
+                    # each row's exclusive key limit (and, windowed, its first key), from its query token
+                    row_lim = cute.make_rmem_tensor((n_rows,), Int32)
+                    row_lo = cute.make_rmem_tensor((n_rows,), Int32)
+                    for k in cutlass.range_constexpr(n_rows):
+                        row_lim[k] = s_kv
+                        tok, _ = self.packed_token(tile, ctx.local0 + ctx.cS_mn[k, 0][0])
+                        if cutlass.const_expr(self.causal):
+                            row_lim[k] = cutlass.min(s_kv, tok + 1 + s_kv - s_q)
+                        row_lo[k] = tok + s_kv - s_q - window_left
+                    tile.row_lim = row_lim
+                    tile.row_lo = row_lo
+                    self.attend_tile(tile, o, wg_index, kv_range, g0, q_count)
+                    n_min, n_max, _, _ = kv_range
+                    g0 = g0 + (n_max - n_min)
+                    q_count = q_count + 1
+                    r = self.take_tile(bars, handoff)
+                    handoff = handoff + 1
+            elif cutlass.const_expr(self.ragged):
+                n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, ctx.lane)
+                handoff = Int32(0)
+                r = first_tile
+                while r < n_tiles:
+                    m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(r, ctx.lane,
+                                                                                                 *ragged_args)
+                    g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0,
+                                                     q_count)
+                    r = self.take_tile(bars, handoff)
+                    handoff = handoff + 1
             else:
-                if cutlass.const_expr(self.ragged):
-                    n_items, rounds = self.ragged_rounds(ctx.lane, cu_seqlens_q, batch, heads_q, n_ctas)
                 static_rounds, drawn = rounds, Int32(0)
                 if cutlass.const_expr(self.draws_tiles):
                     static_rounds, drawn = self.scheduler.drawn_plan(m_blocks, n_bh, n_ctas, rounds, pairs)
                 for i in cutlass.range(static_rounds, unroll=1):
-                    if cutlass.const_expr(self.ragged):
-                        valid, m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(
-                            i, ctx.lane, *ragged_args, n_items)
-                    else:
-                        valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q,
-                                                                              batch, pairs)
-                        q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
-                                                                  cu_seqlens_kv, False)
+                    valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q,
+                                                                          batch, pairs)
+                    q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q, cu_seqlens_kv,
+                                                              False)
                     if valid != 0 and m_block * self.bm < s_q:
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
                 if cutlass.const_expr(self.draws_tiles):
-                    # the drawn tiles: the CTA's own first, each next one the producer's draw (tile_full)
-                    slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+                    # the drawn tiles: the CTA's own first, each next one the producer's draw
                     r = first_tile
                     handoff = Int32(0)
                     while r < drawn:
@@ -1197,14 +1227,7 @@ class SdpaPrefillSm90:
                                                                   cu_seqlens_kv, False)
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
-                        # lane 0 takes the drawn tile for its warp (the slot's one reader there, so its arrive
-                        # orders its own read before the producer's next write) and hands it on
-                        cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
-                        taken = Int32(0)
-                        if ctx.lane == 0:
-                            taken = Int32(slot[0])
-                            cute.arch.mbarrier_arrive(bars + self.tile_empty())
-                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
+                        r = self.take_tile(bars, handoff)
                         handoff = handoff + 1
 
     @cute.jit
@@ -1236,12 +1259,10 @@ class SdpaPrefillSm90:
         as this one's loads start (the atomic's latency hides behind them), issues the loads, then publishes
         the drawn tile to the consumers once they took the previous one."""
         bars = storage.bars.data_ptr()
-        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
-        counter = cute.make_tensor(tile_counter, cute.make_layout(1))
         r = first_tile
         handoff = Int32(0)
         while r < drawn:
-            taken = cute.arch.atomic_add(tile_counter, Int32(1), sem="relaxed", scope="gpu")
+            taken = draw_tile(tile_counter)
             m_block, bh = self.scheduler.drawn_tile(r, m_blocks, n_bh, n_ctas, pairs, static_rounds, drawn)
             head = bh % heads_q
             bidx = bh // heads_q
@@ -1252,12 +1273,9 @@ class SdpaPrefillSm90:
                                n_max, n_max - n_min, g0, q_count)
             g0 = g0 + (n_max - n_min)
             q_count = q_count + 1
-            if taken == drawn - 1:  # the launch's last draw: the next launch finds the counter at 0
-                counter[0] = Int32(0)
+            settle_draw(tile_counter, taken, drawn - 1)
             r = taken + n_ctas
-            cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
-            slot[0] = Int64(r)
-            cute.arch.mbarrier_arrive(bars + self.tile_full())
+            self.publish_tile(bars, r, handoff, True)
             handoff = handoff + 1
 
     @cute.jit

@@ -16,6 +16,23 @@ def snake_order(i, cta, n_ctas):
     return i * n_ctas + pos
 
 
+@cute.jit
+def draw_tile(counter):
+    """A CTA's draw of its next tile from the runtime's per-stream counter (aotc.runtime.counters), one thread:
+    the counter's value before the increment. Issued as the current tile's loads start: nothing waits for the
+    atomic until settle_draw() and the tile's hand-off."""
+    return cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def settle_draw(counter, taken, last):
+    """After the draw that returned `taken`: the launch's last draw (every draw of the launch has happened once
+    one returns `last`) puts the counter back to 0 for the next launch."""
+    value = cute.make_tensor(counter, cute.make_layout(1))
+    if taken == last:
+        value[0] = Int32(0)
+
+
 class PersistentTiles:
     """Host half: aotc.families.schedulers.persistent_grid. A persistent grid of at most one CTA per SM
     walks m_blocks query tiles of each (batch, head), CTA c taking work item i of `rounds`:
@@ -409,21 +426,23 @@ class KvChunks:
 
 class RaggedTiles:
     """The query tiles of a ragged batch, enumerated from the device-side query lengths (host half:
-    aotc.families.schedulers.ragged_grid), for a persistent grid: a CUDA graph replayed with other
-    lengths walks the new batch's tiles, and sequences without queries cost nothing.
+    aotc.families.schedulers.ragged_grid) and drawn at run time by a persistent grid: a CUDA graph replayed with
+    other lengths walks the new batch's tiles, and sequences without queries cost nothing.
 
-    Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b / tile_tokens)
-    tiles per head: tile_tokens query tokens a tile (unpaged: bm, one query head's rows; paged: the GQA-packed
-    tile's tokens, each token's `group` query heads of the KV head in rows of their own, so a decode token's
-    query heads share one tile and K/V are read once per KV head; none for a sequence of fewer than min_q
-    queries: Runtime.attention gives its decode rows to the decode kernel). Tiles go in pairs (m_b - 1 - j, j) of one (sequence, KV head), j < ceil(m_b / 2)
-    (the middle tile of an odd m_b alone): with causal masks every pair of a sequence costs the same, so
-    handing out pairs balances a persistent grid where single tiles, longest first, left CTAs with 1.8x
-    the mean work (a 2048-token chunk, 64 tiles of 1..16 kv blocks per KV head, over 132 CTAs). Work item
-    t of the heads * sum_b ceil(m_b / 2) enumerates sequences in order, then heads, then pairs; CTA c
-    takes items c, c + n_ctas, ... in snake order (c reversed in odd rounds), each item's two tiles in
-    turn. Every warp derives the same answer from the lengths (a warp scan over ROUND sequences at a time,
-    no barrier)."""
+    Sequence b of s_b = cu_seqlens_q[b+1] - cu_seqlens_q[b] queries has m_b = ceil(s_b / tile_tokens) tiles per
+    head: tile_tokens query tokens a tile (unpaged: bm, one query head's rows; paged: the GQA-packed tile's
+    tokens, each token's `group` query heads of the KV head in rows of their own, so a decode token's query heads
+    share one tile and K/V are read once per KV head; none for a sequence of fewer than min_q queries:
+    Runtime.attention gives its decode rows to the decode kernel). Tile r of the heads * sum_b m_b enumerates
+    the sequences in order, each sequence's tiles longest first (m_block from m_b - 1 down: a bottom-right causal
+    tile sees more keys than the one before it), the heads innermost. CTA c runs tile c first, then each next
+    tile it draws: the value of the runtime's per-stream counter + n_ctas (the draw that returns the launch's
+    last value puts the counter back to 0). So a CTA that finishes early takes the next tile, and tiles of
+    unequal cost even out whatever their sequences' lengths: the static rounds of tile pairs this replaced
+    balanced one chunk's causal tiles, but chunks over different prefixes left CTAs with twice the mean work
+    (four 512-token chunks over 0-8192 keys: SMs idle more than half the launch;
+    benchmarks/results/paged_varlen_drawn_tiles.json). Every warp derives the same answer from the lengths (a
+    warp scan over ROUND sequences at a time, no barrier)."""
 
     @cute.jit
     def round_tiles(self, nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane):
@@ -442,56 +461,47 @@ class RaggedTiles:
 
     @cute.jit
     def count(self, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
-        """Work items (tile pairs) of the batch, the same on every lane."""
+        """Tiles of the batch, the same on every lane."""
         w = Int32(0)
         nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
         for r0 in range(0, batch, ROUND):
             self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                w = w + (nt[i] + 1) // 2
+                w = w + nt[i]
         return cute.arch.make_warp_uniform(_warp_sum(w) * heads)
 
     @cute.jit
-    def item(self, i, cta, n_ctas):
-        """CTA cta's i-th work item index (snake order; may be past the last item)."""
-        return snake_order(i, cta, n_ctas)
-
-    @cute.jit
-    def locate(self, t, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
-        """(bidx, head, pair, tiles, q_start, s_q) of work item t (< count()), warp-uniform: the item is
-        tiles `tiles - 1 - pair` and `pair` of the sequence's head (one tile when they coincide)."""
+    def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
+        """(bidx, head, m_block, q_start, s_q) of tile r (< count()), warp-uniform."""
         seq = Int32(-1)
-        first = Int32(0)  # the sequence's first item
-        n_seq = Int32(1)  # its tiles per KV head
+        first = Int32(0)  # the sequence's first tile
         base = Int32(0)
         for r0 in range(0, batch, ROUND):
             nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
             mine = Int32(0)
             self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                mine = mine + (nt[i] + 1) // 2 * heads
+                mine = mine + nt[i] * heads
             incl = _warp_inclusive_scan(mine, lane)
             ex = base + incl - mine
             for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                items = (nt[i] + 1) // 2 * heads
-                if t >= ex and t < ex + items:
+                tiles = nt[i] * heads
+                if r >= ex and r < ex + tiles:
                     seq = r0 + SEQS_PER_LANE * lane + i
                     first = ex
-                    n_seq = nt[i]
-                ex = ex + items
+                ex = ex + tiles
             base = base + cute.arch.shuffle_sync(incl, 31)
         hit = cute.arch.vote_ballot_sync(seq >= 0)
         src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
         seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(seq, src))
         first = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(first, src))
-        n_seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(n_seq, src))
-        pairs = (n_seq + 1) // 2
-        local = t - first
-        head = local // pairs
-        pair = local - head * pairs
         q_start = Int32(0)
         s_q = Int32(0)
         if seq >= 0:
             q_start = cu_seqlens_q[seq]
             s_q = cu_seqlens_q[seq + 1] - q_start
-        return seq, head, pair, n_seq, q_start, s_q
+        m_b = (s_q + (tile_tokens - 1)) // tile_tokens
+        local = r - first
+        step = local // heads
+        head = local - step * heads
+        return seq, head, m_b - 1 - step, q_start, s_q

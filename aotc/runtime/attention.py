@@ -17,7 +17,8 @@ Two kernels share a call, each reading the device-side lengths at every launch a
 the decode kernel (sdpa_decode, layout ragged: GQA-packed, the batch's kv blocks cut into equal chunks
 merged in the same launch, so a few long contexts still fill the GPU) takes the sequences of 1 ..
 decode_query_len queries, the paged prefill kernel (sdpa_prefill_sm90, layout pagedP: wgmma tiles of
-GQA-packed rows, tile pairs over a persistent grid) every longer one; where no loaded Hopper kernel serves
+GQA-packed rows, a persistent grid drawing them from the stream's tile counter, aotc.runtime.counters) every
+longer one; where no loaded Hopper kernel serves
 the call on this device, the portable one (sdpa_prefill, layout pagedP: mma.sync, any GQA group, a grid
 from the call's max_seqlen_q; aotc.runtime.attention_portable). So the plan holds no per-step
 schedule, and a CUDA graph captured once replays with new lengths, page tables and query splits.
@@ -426,7 +427,7 @@ class AttentionPlan(Plan):
             "o_stride_b": 0, "o_stride_s": o_.strides[0], "o_stride_h": o_.strides[1],
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
-            "tile_counter": 0,  # paged tiles come from the lengths (RaggedTiles), none are drawn
+            "tile_counter": 0,  # the stream's, per launch (a Hopper kernel draws its tiles: RaggedTiles)
             **feats.values,
             **scales.values,
         }
@@ -442,6 +443,10 @@ class AttentionPlan(Plan):
         else:
             grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
         self.bind(kernel, grid, device, values)
+        self._counters = runtime.tile_counters if hopper and kernel.artifact.launch.extra.get("draws_tiles") else None
+        if self._counters is not None:
+            self._counters.reserve(device)
+            self._counter_slot = self.slots("tile_counter")[0]
         self._ptr_names = ("tma_q" if hopper else "q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._q_slot, self._lse_h_slot = self.slots(self._ptr_names[0], "lse_stride_h")
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table", "min_seqlen_q")
@@ -544,6 +549,8 @@ class AttentionPlan(Plan):
         s = self._slots
         s[0].value, s[1].value, s[2].value, s[3].value, s[4].value = out, lse, cu_seqlens_q, seqlens_kv, page_table
         s[5].value = 1 if alone else self.decode_query_len + 1  # the sequences it takes: 1 query or more
+        if self._counters is not None:
+            self._counter_slot.value = self._counters.get(self.device, stream)
         if decode_runs and prefill_sms is not None and self.portable is None and prefill_sms < self.launcher.grid[0]:
             # side by side: the paged kernel's persistent grid on prefill_sms SMs, the decode kernel on the
             # runtime's second stream taking the others (and each SM the paged kernel leaves)

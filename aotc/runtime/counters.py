@@ -1,5 +1,6 @@
-"""The tile counters of kernels that draw their tiles at run time: sdpa_prefill_sm90's dense causal variants
-(launch fact draws_tiles; aotc.kernels.tile_scheduler.PersistentTiles.drawn_plan).
+"""The tile counters of kernels that draw their tiles at run time: sdpa_prefill_sm90's ragged and paged variants
+(Runtime.prefill's ragged calls and Runtime.attention's paged kernel: RaggedTiles) and its dense causal D128 and
+D256 ones (their tail: PersistentTiles.drawn_plan); launch fact draws_tiles, aotc.kernels.tile_scheduler.
 
 Such a kernel draws from an int32 that is 0 when it starts, and leaves it 0. Launches on one stream run one
 after another and can share one counter; launches on two streams may run at once and must not (their draws

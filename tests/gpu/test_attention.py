@@ -397,6 +397,41 @@ def test_prefill_sms_steps_match_the_reference(rt, ops, sms):
     replay_steps(graph, b, io, meta, steps, gen, f"prefill_sms {sms} graph replay", after)
 
 
+def test_unequal_chunks_draw_every_tile_on_every_call(rt):
+    """Chunks over prefixes of 0 to 8192 keys (their tiles cost up to 17 times one another) beside decode rows: the
+    paged kernel's CTAs draw their tiles from the stream's counter (RaggedTiles). Every tile runs once whoever
+    draws it, and each call leaves the counter at 0 for the next: three calls in a row give the reference and the
+    same bits (a counter left non-zero would skip tiles: NaN rows); calls queued on two streams at once, each with
+    a counter of its own, each get every row of their own."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    b = PagedBatch([512, 4096, 8704, 1536, 4100, 700], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2048 + 2)
+    b.cache.poison(POISON, tails=False)
+    step = [(0, 512, 512), (4, 1, 4100), (1, 512, 4096), (2, 512, 8704), (5, 1, 700), (3, 512, 1536)]
+    io, meta = b.io(), b.metadata(step)
+    refs = b.references(step, io)
+    first = None
+    for i in range(3):
+        io.poison()
+        b.attend(rt, io, meta, lse=io.lse, max_seqlen_q=512, max_seqlen_kv=8704)
+        b.check(step, io, f"unequal chunks, call {i}", refs=refs)
+        if first is None:
+            first = io.out.clone()
+        assert torch.equal(io.out.view(torch.int16), first.view(torch.int16)), f"call {i}: other bits than call 0"
+    ios = (io, b.io())
+    refs2 = (refs, b.references(step, ios[1]))
+    streams = (torch.cuda.Stream(), torch.cuda.Stream())
+    for x in ios:
+        x.poison()
+    torch.cuda.synchronize()
+    for _ in range(3):
+        for x, st in zip(ios, streams):
+            with torch.cuda.stream(st):
+                rt.attention(x.q, b.cache.k, b.cache.v, x.out, *meta, lse=x.lse, max_seqlen_q=512,
+                             max_seqlen_kv=8704, stream=st)
+    for s, (x, r) in enumerate(zip(ios, refs2)):
+        b.check(step, x, f"unequal chunks on stream {s}", refs=r)
+
+
 def test_torch_functional_form(rt, ops):
     """aotc.torch.attention: (out, lse) allocated, or the caller's out/lse filled and returned."""
     gen = torch.Generator(device="cuda").manual_seed(106)
