@@ -17,9 +17,10 @@ first (PersistentTiles.drawn_plan), so CTAs that finish early take more and the 
 shortest tiles. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
 heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
-Ragged and paged calls enumerate their tiles from the device-side lengths instead, each sequence's longest
-first, and every CTA draws each tile after its first from the runtime's counter (tile_scheduler.RaggedTiles:
-unpaged_ragged_item, paged_item; the producer hands each drawn tile to the other warps, publish_tile/take_tile).
+Ragged and paged calls enumerate their tiles from the device-side lengths instead (each sequence's in head
+sections whose K/V fit L2, longest first), and every CTA draws each tile after its first from the runtime's counter (tile_scheduler.RaggedTiles:
+unpaged_ragged_tile, paged_tile; the producer locates each tile and hands it to the other warps whole,
+publish_tile/take_tile).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
@@ -178,7 +179,7 @@ class SdpaPrefillSm90:
             self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
             self.log2_page = self.page.bit_length() - 1
         if self.ragged:
-            self.ragged_tiles = RaggedTiles()
+            self.ragged_tiles = RaggedTiles(2 * D * (1 if self.fp8 else elem_bytes))
         sep_o = self.sep_o
         staging = stages * bn * D if self.fp8 else 0
 
@@ -218,7 +219,9 @@ class SdpaPrefillSm90:
     # barrier indices in storage.bars
     Q_FULL = 0
     Q_EMPTY = 1
-    TILE_SLOT = BARRIER_BYTES // 8 - 1  # a drawn tile's index, the barrier block's last 8 bytes
+    # a drawn tile as the producer hands it on (publish_tile): up to TILE_WORDS int32, the barrier block's last 32 bytes
+    TILE_WORDS = 8
+    TILE_RECORD = BARRIER_BYTES // 4 - TILE_WORDS
 
     def k_full(self, s):
         return 2 + s
@@ -245,9 +248,7 @@ class SdpaPrefillSm90:
     def v8_empty(self, s):
         return 2 + 7 * self.stages + s
 
-    # drawn tiles (PersistentTiles.drawn_plan): the producer puts the next tile into TILE_SLOT and arrives on tile_full,
-    # each consumer warp takes it and arrives on tile_empty (mbarriers: the consumer warpgroups never wait for
-    # each other)
+    # the tile record's barriers (publish_tile, take_tile)
     def tile_full(self):
         return 2 + 8 * self.stages
 
@@ -283,62 +284,67 @@ class SdpaPrefillSm90:
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
 
     @cute.jit
-    def unpaged_ragged_item(self, r, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q):
-        """(m_block, head, bidx, q_start, s_q, kv_start, s_kv) of tile r of a ragged (unpaged) batch
-        (RaggedTiles: block_m tokens of one query head), so the grid walks only the batch's real tiles."""
-        bidx, head, m_block, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.bm, heads_q, 0,
-                                                                     lane)
+    def unpaged_ragged_tile(self, r, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group):
+        """(bidx, head, m_block, q_start, s_q, kv_start, s_kv) of tile r of a ragged (unpaged) batch (RaggedTiles:
+        block_m tokens of one query head), so the grid walks only the batch's real tiles."""
+        bidx, local, m_b, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.bm, heads_q, 0, lane)
         kv_start = cu_seqlens_kv[bidx]
         s_kv = cu_seqlens_kv[bidx + 1] - kv_start
-        return m_block, head, bidx, q_start, s_q, kv_start, s_kv
+        head, m_block = self.ragged_tiles.place(local, m_b, heads_q, s_kv, group)
+        return bidx, head, m_block, q_start, s_q, kv_start, s_kv
 
     @cute.jit
-    def paged_item(self, r, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
-                   window_left):
-        """(bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range) of tile r (RaggedTiles: GQA-packed rows, n_wg
-        slabs of slab_tokens query tokens, one KV head) and the kv blocks its queries see
-        (kv_blocks_for_queries: n_min, n_max, n_mask_min, n_left_end)."""
-        tokens = self.n_wg * slab_tokens  # query tokens of a packed tile
-        bidx, kv_head, m_block, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, tokens, heads_kv,
-                                                                        min_seqlen_q, lane)
+    def paged_tile(self, r, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages):
+        """(bidx, kv_head, m_block, q_start, s_q, s_kv) of tile r (RaggedTiles: GQA-packed rows, n_wg slabs of
+        slab_tokens query tokens, one KV head)."""
+        bidx, local, m_b, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.n_wg * slab_tokens,
+                                                                  heads_kv, min_seqlen_q, lane)
         # keys of the sequence, cut at its page-table row's end (never read past the row)
         s_kv = cutlass.min(cutlass.max(seqlens_kv[bidx], Int32(0)), max_pages * self.page)
-        q_first = m_block * tokens
-        q_last = cutlass.min(q_first + tokens, s_q) - 1
-        kv_range = kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
-        return bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range
-
-    # Drawn tiles (RaggedTiles; PersistentTiles.drawn_plan): the producer draws the CTA's next tile as the current
-    # one's loads start (the atomic's latency hides behind them), then puts it into TILE_SLOT once every taker (each
-    # consumer warp, and fp8 KV's conversion warps) took the one before, and arrives on tile_full; each taker's
-    # lane 0 reads it and arrives on tile_empty (mbarriers: the takers never wait for each other).
+        kv_head, m_block = self.ragged_tiles.place(local, m_b, heads_kv, s_kv, 1)
+        return bidx, kv_head, m_block, q_start, s_q, s_kv
 
     @cute.jit
-    def publish_tile(self, bars, r, handoff, one: cutlass.Constexpr):
-        """Producer: tile r (the CTA's next; past the last tile: none) into TILE_SLOT. one: the caller is a
-        single thread, else a whole warp, whose lane 0 writes."""
-        cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
-        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+    def paged_kv_range(self, m_block, s_q, s_kv, slab_tokens, window_left):
+        """The kv blocks a paged tile's queries see (kv_blocks_for_queries: n_min, n_max, n_mask_min, n_left_end)."""
+        tokens = self.n_wg * slab_tokens  # query tokens of a packed tile
+        q_first = m_block * tokens
+        q_last = cutlass.min(q_first + tokens, s_q) - 1
+        return kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
+
+    # Drawn tiles (RaggedTiles; PersistentTiles.drawn_plan): the producer puts each tile into the tile record once
+    # every taker (each consumer warp, and fp8 KV's conversion warps) took the one before, and arrives on tile_full;
+    # each taker reads it and its lane 0 arrives on tile_empty (mbarriers: the takers never wait for each other).
+    # Ragged and paged: every tile, located by the producer alone (the takers run no scan), then a record with
+    # valid 0; dense causal: the drawn tail's tile indices (a tile past the last ends it).
+
+    @cute.jit
+    def publish_tile(self, bars, handoff, words, one: cutlass.Constexpr):
+        """Producer: the words (int32, at most TILE_WORDS) into the tile record. one: the caller is a single thread,
+        else a whole warp, whose lane 0 writes."""
+        record = cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.TILE_RECORD, cute.make_layout(self.TILE_WORDS))
         full = bars + self.tile_full()
+        cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
         writer = Int32(1)
         if cutlass.const_expr(not one):
             writer = Int32(cute.arch.lane_idx() == 0)
         if writer != 0:
-            slot[0] = Int64(r)
+            for i, w in enumerate(words):
+                record[i] = Int32(w)
             cute.arch.mbarrier_arrive(full)
 
     @cute.jit
-    def take_tile(self, bars, handoff):
-        """A taker warp: the CTA's next tile, from TILE_SLOT (its lane 0 takes it for the warp: the slot's one
-        reader there, so its arrive orders its own read before the producer's next write)."""
-        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+    def take_tile(self, bars, handoff, n: cutlass.Constexpr):
+        """A taker warp: the first n words of the tile record, once published (every lane reads them; after the
+        warp's sync its lane 0 arrives, so no read is left when the producer writes the next)."""
+        record = cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.TILE_RECORD, cute.make_layout(self.TILE_WORDS))
         empty = bars + self.tile_empty()
         cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
-        taken = Int32(0)
+        words = [cute.arch.make_warp_uniform(record[i]) for i in range(n)]
+        cute.arch.sync_warp()
         if cute.arch.lane_idx() == 0:
-            taken = Int32(slot[0])
             cute.arch.mbarrier_arrive(empty)
-        return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
+        return words
 
     @cute.jit
     def page_id(self, ctx, n, lane):
@@ -966,14 +972,11 @@ class SdpaPrefillSm90:
             # GQA packing: a warpgroup's 64-row slab holds the query heads of slab_tokens tokens (the runtime
             # checks group <= 64; a group that does not divide 64 leaves the slab's last rows padding)
             slab_tokens = Int32(self.n_wg_rows) // group
-            n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv, min_seqlen_q,
-                                              tidx % 32)
-            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages, window_left)
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages)
         elif cutlass.const_expr(self.ragged):
-            # one query head's tokens a tile (no GQA packing); each role counts the tiles after its setmaxnreg
+            # one query head's tokens a tile (no GQA packing); the producer counts the tiles after its setmaxnreg
             # (a count made before it lives across the register cut: D64's producer spilled it)
-            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q)
-            n_tiles = Int32(0)
+            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group)
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -982,13 +985,17 @@ class SdpaPrefillSm90:
                     g0 = Int32(0)
                     q_count = Int32(0)
                     handoff = Int32(0)
+                    n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv,
+                                                      min_seqlen_q, tidx)
                     r = first_tile
                     while r < n_tiles:
                         taken = Int32(0)
                         if tidx == 0:
                             taken = draw_tile(tile_counter)
-                        bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, tidx, *paged_args)
-                        n_min, n_max, _, _ = kv_range
+                        bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
+                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv), False)
+                        handoff = handoff + 1
+                        n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                         tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
                                                slab_tokens=slab_tokens, page_table=page_table,
                                                pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
@@ -999,23 +1006,20 @@ class SdpaPrefillSm90:
                         if tidx == 0:
                             settle_draw(tile_counter, taken, n_tiles - 1)
                         r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
-                        self.publish_tile(bars, r, handoff, False)
-                        handoff = handoff + 1
+                    self.publish_tile(bars, handoff, (0,), False)  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
                         g0 = Int32(0)
-                        handoff = Int32(0)
-                        r = first_tile
-                        while r < n_tiles:
-                            bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, tidx % 32,
-                                                                                                    *paged_args)
-                            n_min, n_max, _, _ = kv_range
+                        valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, 0, 6)
+                        handoff = Int32(1)
+                        while valid != 0:
+                            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                             for t in cutlass.range(n_max - n_min, unroll=1):
                                 valid_rows = s_kv - (n_max - 1 - t) * self.bn
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
                             g0 = g0 + (n_max - n_min)
-                            r = self.take_tile(bars, handoff)
+                            valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                             handoff = handoff + 1
             elif cutlass.const_expr(self.ragged):
                 if warp_idx == 0:  # the tile scan is warp-wide; one lane issues
@@ -1028,8 +1032,10 @@ class SdpaPrefillSm90:
                         taken = Int32(0)
                         if tidx == 0:
                             taken = draw_tile(tile_counter)
-                        m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(r, tidx,
-                                                                                                     *ragged_args)
+                        bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_tile(
+                            r, tidx, *ragged_args)
+                        self.publish_tile(bars, handoff, (1, bidx, head, m_block, q_start, s_q, kv_start, s_kv), False)
+                        handoff = handoff + 1
                         n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
                                                             self.window, window_left)
                         with cute.arch.elect_one():
@@ -1040,8 +1046,7 @@ class SdpaPrefillSm90:
                         if tidx == 0:
                             settle_draw(tile_counter, taken, n_tiles - 1)
                         r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
-                        self.publish_tile(bars, r, handoff, False)
-                        handoff = handoff + 1
+                    self.publish_tile(bars, handoff, (0,), False)  # no tile left
             elif warp_idx == 0:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
@@ -1161,10 +1166,10 @@ class SdpaPrefillSm90:
                 ctx.o_off = Int64(0)
                 ctx.group = group
                 ctx.slab_tokens = slab_tokens
-                handoff = Int32(0)
-                r = first_tile
-                while r < n_tiles:
-                    bidx, kv_head, m_block, q_start, s_q, s_kv, kv_range = self.paged_item(r, ctx.lane, *paged_args)
+                valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, 0, 6)
+                handoff = Int32(1)
+                while valid != 0:
+                    kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                     tile = SimpleNamespace(**vars(ctx))
                     tile.m_block = m_block
                     tile.s_q = s_q
@@ -1190,18 +1195,15 @@ class SdpaPrefillSm90:
                     n_min, n_max, _, _ = kv_range
                     g0 = g0 + (n_max - n_min)
                     q_count = q_count + 1
-                    r = self.take_tile(bars, handoff)
+                    valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                     handoff = handoff + 1
             elif cutlass.const_expr(self.ragged):
-                n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, ctx.lane)
-                handoff = Int32(0)
-                r = first_tile
-                while r < n_tiles:
-                    m_block, head, bidx, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_item(r, ctx.lane,
-                                                                                                 *ragged_args)
+                valid, bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.take_tile(bars, 0, 8)
+                handoff = Int32(1)
+                while valid != 0:
                     g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0,
                                                      q_count)
-                    r = self.take_tile(bars, handoff)
+                    valid, bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.take_tile(bars, handoff, 8)
                     handoff = handoff + 1
             else:
                 static_rounds, drawn = rounds, Int32(0)
@@ -1227,7 +1229,7 @@ class SdpaPrefillSm90:
                                                                   cu_seqlens_kv, False)
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
-                        r = self.take_tile(bars, handoff)
+                        r, = self.take_tile(bars, handoff, 1)
                         handoff = handoff + 1
 
     @cute.jit
@@ -1275,7 +1277,7 @@ class SdpaPrefillSm90:
             q_count = q_count + 1
             settle_draw(tile_counter, taken, drawn - 1)
             r = taken + n_ctas
-            self.publish_tile(bars, r, handoff, True)
+            self.publish_tile(bars, handoff, (r,), True)
             handoff = handoff + 1
 
     @cute.jit

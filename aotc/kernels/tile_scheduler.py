@@ -424,6 +424,11 @@ class KvChunks:
         return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
 
 
+# K/V bytes of the heads whose tiles of one sequence run interleaved (RaggedTiles.place): about 2/3 of the H100's and
+# H200's 50 MB L2, so the tiles running at once re-read K/V from L2 (FA3 sizes its head swizzle from L2 the same way)
+L2_SECTION_BYTES = 32 << 20
+
+
 class RaggedTiles:
     """The query tiles of a ragged batch, enumerated from the device-side query lengths (host half:
     aotc.families.schedulers.ragged_grid) and drawn at run time by a persistent grid: a CUDA graph replayed with
@@ -434,15 +439,19 @@ class RaggedTiles:
     tokens, each token's `group` query heads of the KV head in rows of their own, so a decode token's query heads
     share one tile and K/V are read once per KV head; none for a sequence of fewer than min_q queries:
     Runtime.attention gives its decode rows to the decode kernel). Tile r of the heads * sum_b m_b enumerates
-    the sequences in order, each sequence's tiles longest first (m_block from m_b - 1 down: a bottom-right causal
-    tile sees more keys than the one before it), the heads innermost. CTA c runs tile c first, then each next
-    tile it draws: the value of the runtime's per-stream counter + n_ctas (the draw that returns the launch's
-    last value puts the counter back to 0). So a CTA that finishes early takes the next tile, and tiles of
-    unequal cost even out whatever their sequences' lengths: the static rounds of tile pairs this replaced
-    balanced one chunk's causal tiles, but chunks over different prefixes left CTAs with twice the mean work
-    (four 512-token chunks over 0-8192 keys: SMs idle more than half the launch;
-    benchmarks/results/paged_varlen_drawn_tiles.json). Every warp derives the same answer from the lengths (a
-    warp scan over ROUND sequences at a time, no barrier)."""
+    the sequences in order, and each sequence's tiles by place(): its heads in sections whose K/V fit
+    L2_SECTION_BYTES, each section's tiles longest first (m_block from m_b - 1 down: a bottom-right causal tile
+    sees more keys than the one before it), the section's heads innermost. CTA c runs tile c first, then each
+    tile it draws: the value of the runtime's per-stream counter + n_ctas (draw_tile, settle_draw). So a CTA that
+    finishes early takes the next tile, and tiles of unequal cost even out whatever their sequences' lengths:
+    the static rounds of tile pairs this replaced balanced one chunk's causal tiles, but chunks over different
+    prefixes left CTAs with up to twice the mean work (four 512-token chunks over 0-8192 keys: 1.68x faster
+    drawn; benchmarks/results/paged_varlen_drawn_tiles.json). The producer warp locates each tile (a warp scan
+    over ROUND sequences at a time) and hands it to the other warps whole (the kernel's publish_tile)."""
+
+    def __init__(self, kv_bytes_per_key: int):
+        """kv_bytes_per_key: K and V bytes of one key of one KV head (2 * D * their element bytes)."""
+        self.keys_in_l2 = L2_SECTION_BYTES // kv_bytes_per_key
 
     @cute.jit
     def round_tiles(self, nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane):
@@ -472,7 +481,9 @@ class RaggedTiles:
 
     @cute.jit
     def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
-        """(bidx, head, m_block, q_start, s_q) of tile r (< count()), warp-uniform."""
+        """(bidx, local, m_b, q_start, s_q) of tile r (< count()), warp-uniform: its sequence, its index among
+        that sequence's heads * m_b tiles (place() maps it to a head and m_block), the sequence's tiles per head
+        and query tokens."""
         seq = Int32(-1)
         first = Int32(0)  # the sequence's first tile
         base = Int32(0)
@@ -500,8 +511,19 @@ class RaggedTiles:
         if seq >= 0:
             q_start = cu_seqlens_q[seq]
             s_q = cu_seqlens_q[seq + 1] - q_start
-        m_b = (s_q + (tile_tokens - 1)) // tile_tokens
-        local = r - first
-        step = local // heads
-        head = local - step * heads
-        return seq, head, m_b - 1 - step, q_start, s_q
+        return seq, r - first, (s_q + (tile_tokens - 1)) // tile_tokens, q_start, s_q
+
+    @cute.jit
+    def place(self, local, m_b, heads, s_kv, heads_per_kv):
+        """(head, m_block) of a sequence's tile `local` (of heads * m_b; s_kv: its keys; heads_per_kv: query heads
+        a tile's head stands for, 1 for tiles of KV heads, the GQA group for tiles of query heads, whose consecutive
+        heads share a KV head): the heads in sections of g (the most whose K/V fit L2_SECTION_BYTES, whole KV heads,
+        at least one), section by section; in a section the tiles longest first, its heads innermost."""
+        g = cutlass.min(cutlass.max(Int32(self.keys_in_l2) // cutlass.max(s_kv, Int32(1)), Int32(1))
+                        * heads_per_kv, heads)
+        per = g * m_b  # the tiles of a whole section
+        sec = local // per
+        within = local - sec * per
+        gs = cutlass.min(g, heads - sec * g)  # the last section's heads may be fewer
+        step = within // gs
+        return sec * g + within - step * gs, m_b - 1 - step

@@ -124,6 +124,8 @@ RAGGED_CASES = [  # (seqlens_q, seqlens_kv, H_q, H_kv)
     ([7, 0, 1000, 300], [7, 5, 1200, 300], 32, 8),  # many (sequence, head) pairs: causal tile pairs
     # one long sequence among many short ones (and empty and one-token ones), GQA: the ragged tile walk
     ([1500] + [40] * 20 + [0, 1, 129], [1500] + [40] * 20 + [0, 1, 200], 4, 2),
+    # keys past L2: each sequence's heads in sections (RaggedTiles.place: one KV head's 3 query heads at D128)
+    ([200, 33], [40000, 70000], 12, 4),
 ]
 
 
