@@ -347,6 +347,18 @@ class SdpaPrefillSm90:
         return words
 
     @cute.jit
+    def draw_next(self, tile_counter, n_tiles, n_ctas, lane):
+        """Ragged and paged producer warp, once the current tile's loads are all issued: the CTA's next tile
+        (past the last: none). Drawn this late, not as the tile starts, so the CTA that finishes first takes the
+        next tile: a draw at the start claimed it one tile ahead, and chunks over unequal prefixes then left
+        CTAs idle (RaggedTiles); the atomic's latency hides behind the consumers' last kv blocks."""
+        taken = Int32(0)
+        if lane == 0:
+            taken = draw_tile(tile_counter)
+            settle_draw(tile_counter, taken, n_tiles - 1)
+        return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+
+    @cute.jit
     def page_id(self, ctx, n, lane):
         """Lane j's share of kv block n: the page of its box j (lanes < kv_boxes), -1 past the sequence's end
         (the box then lies out of the pool's bounds: TMA fills zeros). One register a lane, where an
@@ -989,9 +1001,6 @@ class SdpaPrefillSm90:
                                                       min_seqlen_q, tidx)
                     r = first_tile
                     while r < n_tiles:
-                        taken = Int32(0)
-                        if tidx == 0:
-                            taken = draw_tile(tile_counter)
                         bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
                         self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv), False)
                         handoff = handoff + 1
@@ -1003,9 +1012,7 @@ class SdpaPrefillSm90:
                                             q_count)
                         g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
-                        if tidx == 0:
-                            settle_draw(tile_counter, taken, n_tiles - 1)
-                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+                        r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,), False)  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
@@ -1029,9 +1036,6 @@ class SdpaPrefillSm90:
                     n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.bm, heads_q, 0, tidx)
                     r = first_tile
                     while r < n_tiles:
-                        taken = Int32(0)
-                        if tidx == 0:
-                            taken = draw_tile(tile_counter)
                         bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_tile(
                             r, tidx, *ragged_args)
                         self.publish_tile(bars, handoff, (1, bidx, head, m_block, q_start, s_q, kv_start, s_kv), False)
@@ -1043,9 +1047,7 @@ class SdpaPrefillSm90:
                                                bidx, m_block, n_max, n_max - n_min, g0, q_count)
                         g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
-                        if tidx == 0:
-                            settle_draw(tile_counter, taken, n_tiles - 1)
-                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+                        r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,), False)  # no tile left
             elif warp_idx == 0:
                 with cute.arch.elect_one():

@@ -424,9 +424,11 @@ class KvChunks:
         return seq, s_kv, lo, hi, n_full + has_partial, first_full, n_full, partial_slot
 
 
-# K/V bytes of the heads whose tiles of one sequence run interleaved (RaggedTiles.place): about 2/3 of the H100's and
-# H200's 50 MB L2, so the tiles running at once re-read K/V from L2 (FA3 sizes its head swizzle from L2 the same way)
-L2_SECTION_BYTES = 32 << 20
+# K/V bytes of the heads whose tiles of one sequence run interleaved (RaggedTiles.place), so the tiles running at once
+# re-read K/V from L2 (FA3 sizes its head swizzle from L2 the same way). 8 MB against 32 MB: 1.013 against 0.994 of
+# the static pairs' speed at a 2048-token chunk over 8192 keys (a head a section, against 6), the same elsewhere
+# (benchmarks/results/paged_varlen_experiment_schedule.json)
+L2_SECTION_BYTES = 8 << 20
 
 
 class RaggedTiles:
@@ -445,9 +447,11 @@ class RaggedTiles:
     tile it draws: the value of the runtime's per-stream counter + n_ctas (draw_tile, settle_draw). So a CTA that
     finishes early takes the next tile, and tiles of unequal cost even out whatever their sequences' lengths:
     the static rounds of tile pairs this replaced balanced one chunk's causal tiles, but chunks over different
-    prefixes left CTAs with up to twice the mean work (four 512-token chunks over 0-8192 keys: 1.68x faster
-    drawn; benchmarks/results/paged_varlen_drawn_tiles.json). The producer warp locates each tile (a warp scan
-    over ROUND sequences at a time) and hands it to the other warps whole (the kernel's publish_tile)."""
+    prefixes left CTAs with up to twice the mean work (four 512-token chunks over 0-8192 keys: 1.93x faster
+    drawn, one chunk the same speed; benchmarks/results/paged_varlen_experiment_schedule.json). A CTA draws once
+    its producer has issued the current tile's loads: drawn as the tile started, the next tile was claimed one
+    tile ahead and the four chunks ran 1.67x, not 1.93x. The producer warp locates each tile (a warp scan over
+    ROUND sequences at a time) and hands it to the other warps whole (the kernel's publish_tile)."""
 
     def __init__(self, kv_bytes_per_key: int):
         """kv_bytes_per_key: K and V bytes of one key of one KV head (2 * D * their element bytes)."""
