@@ -80,7 +80,7 @@ from .seqlen import seq_bounds
 from .softmax import (LOG2_E, NEG_INF, ScoreScale, capped_softmax_row, normalize_rows, rescale_rows, softcap_row,
                       softmax_row,
                       store_lse_rows)
-from .tile_scheduler import PersistentTiles, RaggedTiles, draw_tile, settle_draw
+from .tile_scheduler import SORT_SCRATCH_WORDS, PersistentTiles, RaggedTiles, draw_tile, settle_draw
 from .warp_mma import DTYPES, VEC, make_s2g
 
 
@@ -168,6 +168,9 @@ class SdpaPrefillSm90:
         self.draws_tiles = draws_tiles(variant)
         # the warps that take each drawn tile from the producer: the consumers', and fp8 KV's conversion warps
         self.tile_takers = self.consumer_warps + (self.CONVERT_WARPS if self.fp8 else 0)
+        if not (self.SCRATCH_BYTES + 16 * n_wg <= 4 * self.SORT_SCRATCH
+                and 4 * (self.SORT_SCRATCH + SORT_SCRATCH_WORDS) <= 4 * self.TILE_RECORD):
+            raise ValueError(f"{variant.name}: the sort scratch overlaps the fp8 scratch or the tile record")
         if self.paged:
             # rows of one K/V TMA box (kv_box_rows): a whole page, a block inside one page, or, where neither
             # divides the other (D256's 80 keys over pages of 32-128), 16 rows inside one page
@@ -222,6 +225,7 @@ class SdpaPrefillSm90:
     # a drawn tile as the producer hands it on (publish_tile): up to TILE_WORDS int32, the barrier block's last 32 bytes
     TILE_WORDS = 8
     TILE_RECORD = BARRIER_BYTES // 4 - TILE_WORDS
+    SORT_SCRATCH = 576 // 4  # RaggedTiles.sorted's words: past fp8's scratch (SCRATCH_BYTES), before the tile record
 
     def k_full(self, s):
         return 2 + s
@@ -284,21 +288,24 @@ class SdpaPrefillSm90:
                 self.tma_coords(c * TMA_BOX_COLS, kv_row0 + n * self.bn, kv_head, bidx), bars + full(stage))
 
     @cute.jit
-    def unpaged_ragged_tile(self, r, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group):
+    def unpaged_ragged_tile(self, r, lane, cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group, scratch):
         """(bidx, head, m_block, q_start, s_q, kv_start, s_kv) of tile r of a ragged (unpaged) batch (RaggedTiles:
         block_m tokens of one query head), so the grid walks only the batch's real tiles."""
-        bidx, local, m_b, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.bm, heads_q, 0, lane)
+        bidx, local, m_b, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.bm, heads_q, 0, lane,
+                                                                  cu_seqlens_kv, True, scratch)
         kv_start = cu_seqlens_kv[bidx]
         s_kv = cu_seqlens_kv[bidx + 1] - kv_start
         head, m_block = self.ragged_tiles.place(local, m_b, heads_q, s_kv, group)
         return bidx, head, m_block, q_start, s_q, kv_start, s_kv
 
     @cute.jit
-    def paged_tile(self, r, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages):
+    def paged_tile(self, r, lane, cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
+                   scratch):
         """(bidx, kv_head, m_block, q_start, s_q, s_kv) of tile r (RaggedTiles: GQA-packed rows, n_wg slabs of
         slab_tokens query tokens, one KV head)."""
         bidx, local, m_b, q_start, s_q = self.ragged_tiles.locate(r, cu_seqlens_q, batch, self.n_wg * slab_tokens,
-                                                                  heads_kv, min_seqlen_q, lane)
+                                                                  heads_kv, min_seqlen_q, lane, seqlens_kv, False,
+                                                                  scratch)
         # keys of the sequence, cut at its page-table row's end (never read past the row)
         s_kv = cutlass.min(cutlass.max(seqlens_kv[bidx], Int32(0)), max_pages * self.page)
         kv_head, m_block = self.ragged_tiles.place(local, m_b, heads_kv, s_kv, 1)
@@ -345,6 +352,10 @@ class SdpaPrefillSm90:
         if cute.arch.lane_idx() == 0:
             cute.arch.mbarrier_arrive(empty)
         return words
+
+    def sort_scratch(self, bars):
+        """The producer warp's shared words for RaggedTiles.sorted, in the barrier block."""
+        return cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.SORT_SCRATCH, cute.make_layout(SORT_SCRATCH_WORDS))
 
     @cute.jit
     def draw_next(self, tile_counter, n_tiles, n_ctas, lane):
@@ -984,11 +995,12 @@ class SdpaPrefillSm90:
             # GQA packing: a warpgroup's 64-row slab holds the query heads of slab_tokens tokens (the runtime
             # checks group <= 64; a group that does not divide 64 leaves the slab's last rows padding)
             slab_tokens = Int32(self.n_wg_rows) // group
-            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages)
+            paged_args = (cu_seqlens_q, seqlens_kv, batch, slab_tokens, heads_kv, min_seqlen_q, max_pages,
+                          self.sort_scratch(bars))
         elif cutlass.const_expr(self.ragged):
             # one query head's tokens a tile (no GQA packing); the producer counts the tiles after its setmaxnreg
             # (a count made before it lives across the register cut: D64's producer spilled it)
-            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group)
+            ragged_args = (cu_seqlens_q, cu_seqlens_kv, batch, heads_q, group, self.sort_scratch(bars))
 
         if wg == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)

@@ -188,8 +188,21 @@ def _warp_inclusive_scan(x, lane):
     return x
 
 
+@cute.jit
+def _from_hit(seq, first):
+    """(seq, first) of the one lane whose seq is not -1 (RaggedTiles.locate), warp-uniform; (-1, 0) if none."""
+    hit = cute.arch.vote_ballot_sync(seq >= 0)
+    src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
+    seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(seq, src))
+    first = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(first, src))
+    if hit == 0:
+        seq = Int32(-1)
+    return seq, first
+
+
 SEQS_PER_LANE = 4            # KvChunks: sequences a lane holds per round
 ROUND = 32 * SEQS_PER_LANE   # sequences per round
+SORT_SCRATCH_WORDS = 3 * 32  # RaggedTiles.sorted: (sequence, keys, tiles) of up to 32 sequences
 
 
 @cute.jit
@@ -441,9 +454,10 @@ class RaggedTiles:
     tokens, each token's `group` query heads of the KV head in rows of their own, so a decode token's query heads
     share one tile and K/V are read once per KV head; none for a sequence of fewer than min_q queries:
     Runtime.attention gives its decode rows to the decode kernel). Tile r of the heads * sum_b m_b enumerates
-    the sequences in order, and each sequence's tiles by place(): its heads in sections whose K/V fit
-    L2_SECTION_BYTES, each section's tiles longest first (m_block from m_b - 1 down: a bottom-right causal tile
-    sees more keys than the one before it), the section's heads innermost. CTA c runs tile c first, then each
+    the sequences longest first (the most keys; locate(), sorted(): where the batch has at most ROUND sequences
+    and 2 to 32 of them have tiles, else in batch order), and each sequence's tiles by place(): its heads in
+    sections whose K/V fit L2_SECTION_BYTES, each section's tiles longest first (m_block from m_b - 1 down: a
+    bottom-right causal tile sees more keys than the one before it), the section's heads innermost. CTA c runs tile c first, then each
     tile it draws: the value of the runtime's per-stream counter + n_ctas (draw_tile, settle_draw). So a CTA that
     finishes early takes the next tile, and tiles of unequal cost even out whatever their sequences' lengths:
     the static rounds of tile pairs this replaced balanced one chunk's causal tiles, but chunks over different
@@ -484,38 +498,103 @@ class RaggedTiles:
         return cute.arch.make_warp_uniform(_warp_sum(w) * heads)
 
     @cute.jit
-    def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane):
+    def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane, kv_lengths, kv_cumulative: cutlass.Constexpr,
+               scratch):
         """(bidx, local, m_b, q_start, s_q) of tile r (< count()), warp-uniform: its sequence, its index among
         that sequence's heads * m_b tiles (place() maps it to a head and m_block), the sequence's tiles per head
-        and query tokens."""
+        and query tokens. The sequences with tiles go longest first (their keys: kv_lengths[b], or kv_lengths[b + 1]
+        - kv_lengths[b] when kv_cumulative), ties in batch order, where the batch has at most ROUND sequences and
+        2 to 32 of them have tiles (sorted()); else in batch order. scratch: SORT_SCRATCH_WORDS int32 of shared
+        memory the warp may use."""
         seq = Int32(-1)
         first = Int32(0)  # the sequence's first tile
-        base = Int32(0)
-        for r0 in range(0, batch, ROUND):
-            nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
-            mine = Int32(0)
-            self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
-            for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                mine = mine + nt[i] * heads
-            incl = _warp_inclusive_scan(mine, lane)
-            ex = base + incl - mine
-            for i in cutlass.range_constexpr(SEQS_PER_LANE):
-                tiles = nt[i] * heads
-                if r >= ex and r < ex + tiles:
-                    seq = r0 + SEQS_PER_LANE * lane + i
-                    first = ex
-                ex = ex + tiles
-            base = base + cute.arch.shuffle_sync(incl, 31)
-        hit = cute.arch.vote_ballot_sync(seq >= 0)
-        src = cute.arch.popc((hit & (Int32(0) - hit)) - 1)  # the lowest set bit's lane
-        seq = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(seq, src))
-        first = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(first, src))
+        nt = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+        if batch <= ROUND:  # one round, its tile counts and keys read once, together
+            keys = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+            _load_round(keys, kv_lengths, 0, batch, lane, 1 if kv_cumulative else 0)
+            if cutlass.const_expr(kv_cumulative):
+                starts = cute.make_rmem_tensor((SEQS_PER_LANE,), Int32)
+                _load_round(starts, kv_lengths, 0, batch, lane)
+                for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                    keys[i] = keys[i] - starts[i]
+            self.round_tiles(nt, cu_seqlens_q, 0, batch, tile_tokens, min_q, lane)
+            seq, first = self.sorted(r, nt, keys, heads, lane, scratch)
+        else:
+            base = Int32(0)
+            for r0 in range(0, batch, ROUND):
+                self.round_tiles(nt, cu_seqlens_q, r0, batch, tile_tokens, min_q, lane)
+                seq, first, base = self.round_hit(r, nt, r0, base, seq, first, heads, lane)
+            seq, first = _from_hit(seq, first)
         q_start = Int32(0)
         s_q = Int32(0)
         if seq >= 0:
             q_start = cu_seqlens_q[seq]
             s_q = cu_seqlens_q[seq + 1] - q_start
         return seq, r - first, (s_q + (tile_tokens - 1)) // tile_tokens, q_start, s_q
+
+    @cute.jit
+    def round_hit(self, r, nt, r0, base, seq, first, heads, lane):
+        """Batch order over the round from sequence r0 (nt: round_tiles(); base: the tiles before it): (seq, first)
+        of tile r on the one lane holding it (else as given), and the tiles up to the round's end."""
+        mine = Int32(0)
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            mine = mine + nt[i] * heads
+        incl = _warp_inclusive_scan(mine, lane)
+        ex = base + incl - mine
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            tiles = nt[i] * heads
+            if r >= ex and r < ex + tiles:
+                seq = r0 + SEQS_PER_LANE * lane + i
+                first = ex
+            ex = ex + tiles
+        return seq, first, base + cute.arch.shuffle_sync(incl, 31)
+
+    @cute.jit
+    def sorted(self, r, nt, keys, heads, lane, scratch):
+        """(seq, first) of tile r in a batch of at most ROUND sequences (nt: its round_tiles(); keys: each
+        sequence's keys, as locate() reads them), the sequences
+        with tiles longest first when 2 to 32 of them have tiles, else in batch order. Those sequences are
+        compacted through `scratch` to one a lane, in batch order (b, keys, tiles); each lane counts the tiles of
+        the sequences before its own (more keys, or as many and earlier), and the lane whose tiles hold r names
+        the tile's sequence."""
+        mine = Int32(0)
+        for i in cutlass.range_constexpr(SEQS_PER_LANE):
+            if nt[i] > 0:
+                mine = mine + 1
+        incl = _warp_inclusive_scan(mine, lane)
+        n_sorted = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(incl, 31))
+        seq = Int32(-1)
+        first = Int32(0)
+        if n_sorted >= 2 and n_sorted <= 32:
+            slot = incl - mine
+            for i in cutlass.range_constexpr(SEQS_PER_LANE):
+                if nt[i] > 0:
+                    scratch[3 * slot] = SEQS_PER_LANE * lane + i
+                    scratch[3 * slot + 1] = keys[i]
+                    scratch[3 * slot + 2] = nt[i] * heads
+                    slot = slot + 1
+            cute.arch.sync_warp()
+            b = Int32(-1)
+            key = Int32(-1)
+            tiles = Int32(0)
+            if lane < n_sorted:
+                b = scratch[3 * lane]
+                key = scratch[3 * lane + 1]
+                tiles = scratch[3 * lane + 2]
+            cute.arch.sync_warp()  # every read done before the next call's writes
+            start = Int32(0)
+            for u in cutlass.range(n_sorted, unroll=1):
+                ku = cute.arch.shuffle_sync(key, u)
+                tu = cute.arch.shuffle_sync(tiles, u)
+                if ku > key or (ku == key and u < lane):
+                    start = start + tu
+            if lane < n_sorted:
+                if r >= start and r < start + tiles:
+                    seq = b
+                    first = start
+        else:
+            seq, first, _ = self.round_hit(r, nt, 0, Int32(0), seq, first, heads, lane)
+        return _from_hit(seq, first)
 
     @cute.jit
     def place(self, local, m_b, heads, s_kv, heads_per_kv):

@@ -126,6 +126,10 @@ RAGGED_CASES = [  # (seqlens_q, seqlens_kv, H_q, H_kv)
     ([1500] + [40] * 20 + [0, 1, 129], [1500] + [40] * 20 + [0, 1, 200], 4, 2),
     # keys past L2: each sequence's heads in sections (RaggedTiles.place: one KV head's 3 query heads at D128)
     ([200, 33], [40000, 70000], 12, 4),
+    # the tile order: sequences longest first for 2 to 32 with tiles in a batch of at most 128 (RaggedTiles.sorted),
+    # else in batch order: 40 with tiles; 131 sequences
+    ([70] * 40, [100 + 7 * i for i in range(40)], 4, 2),
+    ([3] * 130 + [200], [5] * 130 + [300], 2, 1),
 ]
 
 
