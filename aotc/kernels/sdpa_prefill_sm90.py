@@ -17,10 +17,11 @@ first (PersistentTiles.drawn_plan), so CTAs that finish early take more and the 
 shortest tiles. Otherwise the same snake
 over the tiles longest first, which evens out their unequal lengths (but longest-first over 128
 heads at S 2048 kept DRAM 77% busy; grouping heads instead left SMs idle 23% of the time).
-Ragged and paged calls enumerate their tiles from the device-side lengths instead (each sequence's in head
-sections whose K/V fit L2, longest first), and every CTA draws each tile after its first from the runtime's counter (tile_scheduler.RaggedTiles:
-unpaged_ragged_tile, paged_tile; the producer locates each tile and hands it to the other warps whole,
-publish_tile/take_tile).
+Ragged and paged calls enumerate their tiles from the device-side lengths instead (the sequences with the
+most keys first, each sequence's tiles in head sections whose K/V fit L2, longest first), and every CTA draws
+each tile after its first from the runtime's counter once its producer has issued the current tile's loads
+(tile_scheduler.RaggedTiles: unpaged_ragged_tile, paged_tile, draw_next; the producer locates each tile and
+hands it to the other warps whole, publish_tile/take_tile).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
