@@ -18,7 +18,7 @@ from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families import get_family
 from aotc.families.sdpa_prefill import PAGE_SIZES, TILES, block_pages, pass_source
-from aotc.runtime import Runtime, driver, tensor
+from aotc.runtime import Runtime, counters, driver, tensor
 from aotc.runtime.attention_portable import HOPPER, PORTABLE
 from aotc.runtime.validate import packed_strides
 from recorded_launch import record_launches
@@ -180,6 +180,9 @@ def device(monkeypatch):
     monkeypatch.setattr(A, "multiprocessor_count", lambda d: 132)
     monkeypatch.setattr(A, "DescriptorSlot", RecordingSlot)
     monkeypatch.setattr(A, "DecodePlan", StubDecodePlan)
+    # the Hopper paged kernel draws its tiles from a per-stream counter (aotc.runtime.counters): a buffer stand-in
+    monkeypatch.setattr(counters, "zeroed_buffer", lambda nbytes, allocate=None: SimpleNamespace(ptr=1 << 40,
+                                                                                                 nbytes=nbytes))
     StubDecodePlan.made = []
     return dev
 

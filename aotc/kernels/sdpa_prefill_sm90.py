@@ -226,6 +226,7 @@ class SdpaPrefillSm90:
     # a drawn tile as the producer hands it on (publish_tile): up to TILE_WORDS int32, the barrier block's last 32 bytes
     TILE_WORDS = 8
     TILE_RECORD = BARRIER_BYTES // 4 - TILE_WORDS
+    TILE_SLOT = BARRIER_BYTES // 8 - 1  # dense causal: a drawn tile's index, the barrier block's last 8 bytes
     SORT_SCRATCH = 576 // 4  # RaggedTiles.sorted's words: past fp8's scratch (SCRATCH_BYTES), before the tile record
 
     def k_full(self, s):
@@ -324,19 +325,17 @@ class SdpaPrefillSm90:
     # every taker (each consumer warp, and fp8 KV's conversion warps) took the one before, and arrives on tile_full;
     # each taker reads it and its lane 0 arrives on tile_empty (mbarriers: the takers never wait for each other).
     # Ragged and paged: every tile, located by the producer alone (the takers run no scan), then a record with
-    # valid 0; dense causal: the drawn tail's tile indices (a tile past the last ends it).
+    # valid 0 (publish_tile, take_tile); dense causal: the drawn tail's tile indices in TILE_SLOT, a tile past the
+    # last ending it (producer_drawn and the consumers' tail: the int32 record's hand-off reshaped ptxas's schedule
+    # of the dense kv loops, the soft-capped loop's tanhs no longer under the PV GEMM).
 
     @cute.jit
-    def publish_tile(self, bars, handoff, words, one: cutlass.Constexpr):
-        """Producer: the words (int32, at most TILE_WORDS) into the tile record. one: the caller is a single thread,
-        else a whole warp, whose lane 0 writes."""
+    def publish_tile(self, bars, handoff, words):
+        """Producer warp: the words (int32, at most TILE_WORDS) into the tile record (its lane 0 writes)."""
         record = cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.TILE_RECORD, cute.make_layout(self.TILE_WORDS))
         full = bars + self.tile_full()
         cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
-        writer = Int32(1)
-        if cutlass.const_expr(not one):
-            writer = Int32(cute.arch.lane_idx() == 0)
-        if writer != 0:
+        if cute.arch.lane_idx() == 0:
             for i, w in enumerate(words):
                 record[i] = Int32(w)
             cute.arch.mbarrier_arrive(full)
@@ -1015,7 +1014,7 @@ class SdpaPrefillSm90:
                     r = first_tile
                     while r < n_tiles:
                         bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
-                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv), False)
+                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv))
                         handoff = handoff + 1
                         n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                         tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
@@ -1026,7 +1025,7 @@ class SdpaPrefillSm90:
                         g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
                         r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
-                    self.publish_tile(bars, handoff, (0,), False)  # no tile left
+                    self.publish_tile(bars, handoff, (0,))  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
                         g0 = Int32(0)
@@ -1051,7 +1050,7 @@ class SdpaPrefillSm90:
                     while r < n_tiles:
                         bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.unpaged_ragged_tile(
                             r, tidx, *ragged_args)
-                        self.publish_tile(bars, handoff, (1, bidx, head, m_block, q_start, s_q, kv_start, s_kv), False)
+                        self.publish_tile(bars, handoff, (1, head, m_block, q_start, s_q, s_kv))
                         handoff = handoff + 1
                         n_min, n_max, _, _ = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal,
                                                             self.window, window_left)
@@ -1061,7 +1060,7 @@ class SdpaPrefillSm90:
                         g0 = g0 + (n_max - n_min)
                         q_count = q_count + 1
                         r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
-                    self.publish_tile(bars, handoff, (0,), False)  # no tile left
+                    self.publish_tile(bars, handoff, (0,))  # no tile left
             elif warp_idx == 0:
                 with cute.arch.elect_one():
                     g0 = Int32(0)       # ring position of the next kv block
@@ -1213,13 +1212,14 @@ class SdpaPrefillSm90:
                     valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                     handoff = handoff + 1
             elif cutlass.const_expr(self.ragged):
-                valid, bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.take_tile(bars, 0, 8)
-                handoff = Int32(1)
+                handoff = Int32(0)
+                valid = Int32(1)
                 while valid != 0:
-                    g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0,
-                                                     q_count)
-                    valid, bidx, head, m_block, q_start, s_q, kv_start, s_kv = self.take_tile(bars, handoff, 8)
+                    valid, head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                     handoff = handoff + 1
+                    if valid != 0:
+                        g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, 0, q_start, s_q, s_kv, g0,
+                                                         q_count)
             else:
                 static_rounds, drawn = rounds, Int32(0)
                 if cutlass.const_expr(self.draws_tiles):
@@ -1233,7 +1233,8 @@ class SdpaPrefillSm90:
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
                 if cutlass.const_expr(self.draws_tiles):
-                    # the drawn tiles: the CTA's own first, each next one the producer's draw
+                    # the drawn tiles: the CTA's own first, each next one the producer's draw (tile_full)
+                    slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
                     r = first_tile
                     handoff = Int32(0)
                     while r < drawn:
@@ -1244,7 +1245,14 @@ class SdpaPrefillSm90:
                                                                   cu_seqlens_kv, False)
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
-                        r, = self.take_tile(bars, handoff, 1)
+                        # lane 0 takes the drawn tile for its warp (the slot's one reader there, so its arrive
+                        # orders its own read before the producer's next write) and hands it on
+                        cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
+                        taken = Int32(0)
+                        if ctx.lane == 0:
+                            taken = Int32(slot[0])
+                            cute.arch.mbarrier_arrive(bars + self.tile_empty())
+                        r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
                         handoff = handoff + 1
 
     @cute.jit
@@ -1276,6 +1284,8 @@ class SdpaPrefillSm90:
         as this one's loads start (the atomic's latency hides behind them), issues the loads, then publishes
         the drawn tile to the consumers once they took the previous one."""
         bars = storage.bars.data_ptr()
+        slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
+        counter = cute.make_tensor(tile_counter, cute.make_layout(1))
         r = first_tile
         handoff = Int32(0)
         while r < drawn:
@@ -1290,9 +1300,12 @@ class SdpaPrefillSm90:
                                n_max, n_max - n_min, g0, q_count)
             g0 = g0 + (n_max - n_min)
             q_count = q_count + 1
-            settle_draw(tile_counter, taken, drawn - 1)
+            if taken == drawn - 1:  # the launch's last draw: the next launch finds the counter at 0
+                counter[0] = Int32(0)
             r = taken + n_ctas
-            self.publish_tile(bars, handoff, (r,), True)
+            cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
+            slot[0] = Int64(r)
+            cute.arch.mbarrier_arrive(bars + self.tile_full())
             handoff = handoff + 1
 
     @cute.jit
