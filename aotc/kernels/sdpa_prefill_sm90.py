@@ -332,7 +332,7 @@ class SdpaPrefillSm90:
     @cute.jit
     def publish_tile(self, bars, handoff, words):
         """Producer warp: the words (int32, at most TILE_WORDS) into the tile record (its lane 0 writes)."""
-        record = cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.TILE_RECORD, cute.make_layout(self.TILE_WORDS))
+        record = self.shared_words(bars, self.TILE_RECORD, self.TILE_WORDS)
         full = bars + self.tile_full()
         cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
         if cute.arch.lane_idx() == 0:
@@ -344,7 +344,7 @@ class SdpaPrefillSm90:
     def take_tile(self, bars, handoff, n: cutlass.Constexpr):
         """A taker warp: the first n words of the tile record, once published (every lane reads them; after the
         warp's sync its lane 0 arrives, so no read is left when the producer writes the next)."""
-        record = cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.TILE_RECORD, cute.make_layout(self.TILE_WORDS))
+        record = self.shared_words(bars, self.TILE_RECORD, self.TILE_WORDS)
         empty = bars + self.tile_empty()
         cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
         words = [cute.arch.make_warp_uniform(record[i]) for i in range(n)]
@@ -353,9 +353,13 @@ class SdpaPrefillSm90:
             cute.arch.mbarrier_arrive(empty)
         return words
 
+    def shared_words(self, bars, first, n):
+        """n int32 of the barrier block from word `first` (the tile record, the sort scratch)."""
+        return cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + first, cute.make_layout(n))
+
     def sort_scratch(self, bars):
         """The producer warp's shared words for RaggedTiles.sorted, in the barrier block."""
-        return cute.make_tensor(cute.recast_ptr(bars, dtype=Int32) + self.SORT_SCRATCH, cute.make_layout(SORT_SCRATCH_WORDS))
+        return self.shared_words(bars, self.SORT_SCRATCH, SORT_SCRATCH_WORDS)
 
     @cute.jit
     def draw_next(self, tile_counter, n_tiles, n_ctas, lane):
@@ -1218,6 +1222,7 @@ class SdpaPrefillSm90:
                     valid, head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                     handoff = handoff + 1
                     if valid != 0:
+                        # (bidx 0: a ragged tile's offsets come from q_start)
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, 0, q_start, s_q, s_kv, g0,
                                                          q_count)
             else:
@@ -1285,7 +1290,6 @@ class SdpaPrefillSm90:
         the drawn tile to the consumers once they took the previous one."""
         bars = storage.bars.data_ptr()
         slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
-        counter = cute.make_tensor(tile_counter, cute.make_layout(1))
         r = first_tile
         handoff = Int32(0)
         while r < drawn:
@@ -1300,8 +1304,7 @@ class SdpaPrefillSm90:
                                n_max, n_max - n_min, g0, q_count)
             g0 = g0 + (n_max - n_min)
             q_count = q_count + 1
-            if taken == drawn - 1:  # the launch's last draw: the next launch finds the counter at 0
-                counter[0] = Int32(0)
+            settle_draw(tile_counter, taken, drawn - 1)
             r = taken + n_ctas
             cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
             slot[0] = Int64(r)

@@ -19,8 +19,7 @@ def snake_order(i, cta, n_ctas):
 @cute.jit
 def draw_tile(counter):
     """A CTA's draw of its next tile from the runtime's per-stream counter (aotc.runtime.counters), one thread:
-    the counter's value before the increment. Issued as the current tile's loads start: nothing waits for the
-    atomic until settle_draw() and the tile's hand-off."""
+    the counter's value before the increment (then settle_draw())."""
     return cute.arch.atomic_add(counter, Int32(1), sem="relaxed", scope="gpu")
 
 
@@ -457,8 +456,9 @@ class RaggedTiles:
     the sequences longest first (the most keys; locate(), sorted(): where the batch has at most ROUND sequences
     and 2 to 32 of them have tiles, else in batch order), and each sequence's tiles by place(): its heads in
     sections whose K/V fit L2_SECTION_BYTES, each section's tiles longest first (m_block from m_b - 1 down: a
-    bottom-right causal tile sees more keys than the one before it), the section's heads innermost. CTA c runs tile c first, then each
-    tile it draws: the value of the runtime's per-stream counter + n_ctas (draw_tile, settle_draw). So a CTA that
+    bottom-right causal tile sees more keys than the one before it), the section's heads innermost. CTA c runs
+    tile c first, then each tile it draws: the value of the runtime's per-stream counter + n_ctas (draw_tile,
+    settle_draw). So a CTA that
     finishes early takes the next tile, and tiles of unequal cost even out whatever their sequences' lengths:
     the static rounds of tile pairs this replaced balanced one chunk's causal tiles, but chunks over different
     prefixes left CTAs with up to twice the mean work (four 512-token chunks over 0-8192 keys: 1.93x faster
@@ -498,8 +498,8 @@ class RaggedTiles:
         return cute.arch.make_warp_uniform(_warp_sum(w) * heads)
 
     @cute.jit
-    def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane, kv_lengths, kv_cumulative: cutlass.Constexpr,
-               scratch):
+    def locate(self, r, cu_seqlens_q, batch, tile_tokens, heads, min_q, lane, kv_lengths,
+               kv_cumulative: cutlass.Constexpr, scratch):
         """(bidx, local, m_b, q_start, s_q) of tile r (< count()), warp-uniform: its sequence, its index among
         that sequence's heads * m_b tiles (place() maps it to a head and m_block), the sequence's tiles per head
         and query tokens. The sequences with tiles go longest first (their keys: kv_lengths[b], or kv_lengths[b + 1]
@@ -552,8 +552,8 @@ class RaggedTiles:
     @cute.jit
     def sorted(self, r, nt, keys, heads, lane, scratch):
         """(seq, first) of tile r in a batch of at most ROUND sequences (nt: its round_tiles(); keys: each
-        sequence's keys, as locate() reads them), the sequences
-        with tiles longest first when 2 to 32 of them have tiles, else in batch order. Those sequences are
+        sequence's keys, as locate() reads them), the sequences with tiles longest first when 2 to 32 of them
+        have tiles, else in batch order. Those sequences are
         compacted through `scratch` to one a lane, in batch order (b, keys, tiles); each lane counts the tiles of
         the sequences before its own (more keys, or as many and earlier), and the lane whose tiles hold r names
         the tile's sequence."""
