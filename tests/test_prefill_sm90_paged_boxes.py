@@ -41,7 +41,7 @@ def _shims(warp: _Warp):
         shuffle_sync=lambda value, src: warp.pages[src],
         elect_one=contextlib.nullcontext)
     cute = types.SimpleNamespace(arch=arch)
-    cutlass = types.SimpleNamespace(const_expr=lambda x: x, range_constexpr=lambda *a: range(*a))
+    cutlass = types.SimpleNamespace(const_expr=lambda x: x, range_constexpr=lambda *a: range(*a), Constexpr=object)
     prims = types.SimpleNamespace(
         cp_async_bulk_tensor_shared_cta_global=lambda dst, tmap, coords, bar: warp.copies.append((dst, list(coords))))
     return {"cute": cute, "cutlass": cutlass, "prims": prims, "Int32": int, "Int64": int,
@@ -66,7 +66,7 @@ def _plain(k, warp: _Warp, source: str):
     ns = _shims(warp)
     exec(compile(ast.Module(body=funcs, type_ignores=[]), kernel.__file__, "exec"), ns)
     obj = types.SimpleNamespace(**{a: getattr(k, a) for a in ("bn", "D", "page", "kv_rows", "kv_boxes", "log2_page",
-                                                               "chunks", "fp8", "kv_tx")})
+                                                               "chunks", "fp8", "kv_tx", "kv_issuers")})
     obj.ring = lambda g: (g % k.stages, (g // k.stages) & 1)
     for name in METHODS:
         setattr(obj, name, types.MethodType(ns[name], obj))
@@ -93,16 +93,24 @@ def _box_errors(head_dim: int, block_n: int, page: int, fp8: bool, source: str |
         ctx = types.SimpleNamespace(s_kv=s_kv, page_table=_PageTable(warp), pt_row=pt_row, pt_stride_p=pt_stride)
         for n in range(-(-s_kv // BN)):
             warp.copies, warp.reads, warp.tx = [], [], []
-            warp.pages = [obj.page_id(ctx, n, lane) for lane in range(32)]
             g = n + 3  # a ring position: the stage follows from it
             tma = types.SimpleNamespace(get_ptr=lambda: None)
-            obj.load_kv_paged(tma, base, lambda s: 2 * s, lambda s: 2 * s + 1, g, n, None, kv_head, 0)
             where = f"s_kv {s_kv} block {n}"
+            box_bytes = k.kv_rows * (D if fp8 else kernel.TMA_BOX_COLS) * elem
+            # each issuing warp's share of the boxes (16-bit: kv_issuers warps a ring, boxes alternating), its
+            # bytes expected with its own arrive
+            for first in range(k.kv_issuers):
+                warp.pages = [obj.page_id(ctx, n, lane, first, k.kv_issuers) for lane in range(32)]
+                before = len(warp.copies)
+                obj.load_kv_paged(tma, base, lambda s: 2 * s, lambda s: 2 * s + 1, g, n, None, kv_head, 0, first,
+                                  k.kv_issuers)
+                share = (len(warp.copies) - before) * box_bytes
+                if warp.tx[-1:] != [share]:
+                    errors.append(f"{where}: share {first} expects {warp.tx[-1:]} bytes, its boxes bring {share}")
             for i in warp.reads:
                 if (i - pt_row) % pt_stride or not 0 <= (i - pt_row) // pt_stride * P < s_kv:
                     errors.append(f"{where}: reads page-table entry {i}, not one of the sequence's pages")
-            box_bytes = k.kv_rows * (D if fp8 else kernel.TMA_BOX_COLS) * elem
-            if warp.tx != [k.kv_tx] or len(warp.copies) * box_bytes != k.kv_tx:
+            if len(warp.tx) != k.kv_issuers or sum(warp.tx) != k.kv_tx or len(warp.copies) * box_bytes != k.kv_tx:
                 errors.append(f"{where}: expects {warp.tx} bytes, {len(warp.copies)} boxes of {box_bytes} bring "
                               f"{len(warp.copies) * box_bytes}")
             stage_base = base + (g % stages) * BN * D  # (pointer arithmetic: in elements of the ring)
@@ -173,3 +181,25 @@ def test_the_emulation_sees_a_box_read_from_the_wrong_row():
     assert source.count(own_row) == 1
     errors, _ = _box_errors(256, 80, 32, False, source.replace(own_row, "box_row = row"))
     assert errors and all("gets" in e for e in errors)
+
+
+@pytest.mark.parametrize("head_dim,block_n,page,fp8", [(128, 176, 16, False), (128, 128, 128, False),
+                                                       (128, 128, 16, True)])
+def test_the_producer_warps_issuing_each_ring(head_dim, block_n, page, fp8):
+    """16-bit pools: two warps a ring where a kv block is several boxes (warps 0 and 1 K, 2 and 3 V), one where it
+    is one box (warps 0 and 2); fp8: warp 0 alone (warps 1..3 convert). Every issuer past warp 0 takes the tiles."""
+    k = _kernel(head_dim, block_n, page, fp8)
+    want = 1 if fp8 or k.kv_boxes == 1 else 2
+    assert k.kv_issuers == want
+    helpers = k.CONVERT_WARPS if fp8 else 2 * want - 1
+    assert k.tile_takers == k.consumer_warps + helpers
+
+
+def test_the_emulation_sees_a_share_reading_another_shares_pages():
+    """The check can fail: each lane's page taken for box first + lane (the share's step dropped) puts the second
+    issuer's boxes over the wrong pages."""
+    source = open(kernel.__file__).read()
+    spaced = "box = first + lane * step"
+    assert source.count(spaced) == 1
+    errors, k = _box_errors(128, 176, 16, False, source.replace(spaced, "box = first + lane"))
+    assert k.kv_issuers == 2 and errors and any("gets" in e for e in errors)

@@ -31,7 +31,9 @@ over fp8 pools, whose tiles have two consumer warpgroups):
       warpgroup and 64-column chunk of D, once the consumers have released Q's buffer), then
       V and the other kv blocks, the last block first, into a `stages`-deep ring. full[s]
       barriers count the bytes in (expect_tx); empty[s] and Q_EMPTY collect one arrive per
-      consumer warp.
+      consumer warp. Paged over 16-bit pools, where a kv block is up to 11 boxes a 64-column chunk,
+      warps 0 and 1 issue alternate boxes of K, warps 2 and 3 of V (issue_kv_share), each arriving
+      on full[s] with its boxes' bytes.
   warpgroups 1.., consumers (240 or 160 registers/thread): each owns 64 query rows. Block 0:
       S = Q K^T (wgmma, both operands in smem, fp32), [mask], online softmax, P to fp16/bf16 in
       registers. Block t >= 1: S(t) = Q K(t)^T and O += P(t-1) V(t-1) (wgmma with A from
@@ -167,8 +169,6 @@ class SdpaPrefillSm90:
         # tiles drawn from the runtime's counter: ragged and paged, every tile after a CTA's first (RaggedTiles);
         # dense causal D128/D256, the tail's, longest first (PersistentTiles.drawn_plan)
         self.draws_tiles = draws_tiles(variant)
-        # the warps that take each drawn tile from the producer: the consumers', and fp8 KV's conversion warps
-        self.tile_takers = self.consumer_warps + (self.CONVERT_WARPS if self.fp8 else 0)
         if not (self.SCRATCH_BYTES + 16 * n_wg <= 4 * self.SORT_SCRATCH
                 and 4 * (self.SORT_SCRATCH + SORT_SCRATCH_WORDS) <= 4 * self.TILE_RECORD):
             raise ValueError(f"{variant.name}: the sort scratch overlaps the fp8 scratch or the tile record")
@@ -182,6 +182,18 @@ class SdpaPrefillSm90:
                                  f"{bn} keys load as boxes of {self.kv_rows} rows)")
             self.kv_boxes = bn // self.kv_rows   # boxes per 64 columns of a kv block
             self.log2_page = self.page.bit_length() - 1
+        # 16-bit paged: the producer warpgroup's warps share the K/V boxes (issue_kv_share), up to two warps a ring
+        # (kv_issuers), boxes alternating between them. One warp issuing a block's 44 TMA copies of 16 rows (D128-176
+        # over 16-token pages) held the consumer warps beside it on its SM sub-partition back: 7.8% more SM cycles
+        # than the ragged kernel on the same work (benchmarks/results/paged_varlen_experiment_kv_issue.json).
+        # fp8 KV keeps warp 0 issuing every box: its warps 1..3 convert.
+        self.kv_issuers = min(2, self.kv_boxes) if self.paged and not self.fp8 else 1
+        # the warps that take each drawn tile from the producer: the consumers', fp8 KV's conversion warps, and
+        # the 16-bit paged kernels' K/V issuers past warp 0
+        helpers = 0
+        if self.paged:
+            helpers = self.CONVERT_WARPS if self.fp8 else 2 * self.kv_issuers - 1
+        self.tile_takers = self.consumer_warps + helpers
         if self.ragged:
             self.ragged_tiles = RaggedTiles(2 * D * (1 if self.fp8 else elem_bytes))
         sep_o = self.sep_o
@@ -374,31 +386,36 @@ class SdpaPrefillSm90:
         return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
 
     @cute.jit
-    def page_id(self, ctx, n, lane):
-        """Lane j's share of kv block n: the page of its box j (lanes < kv_boxes), -1 past the sequence's end
-        (the box then lies out of the pool's bounds: TMA fills zeros). One register a lane, where an
-        array of every box's page in each lane spilled the producer's few registers."""
-        tok = n * self.bn + lane * self.kv_rows
+    def page_id(self, ctx, n, lane, first: cutlass.Constexpr = 0, step: cutlass.Constexpr = 1):
+        """Lane i's share of kv block n: the page of box first + i * step (one of the boxes load_kv_paged issues
+        with the same first and step), -1 past the block's boxes or the sequence's end (the box then lies out of the
+        pool's bounds: TMA fills zeros). One register a lane, where an array of every box's page in each lane
+        spilled the producer's few registers."""
+        box = first + lane * step
+        tok = n * self.bn + box * self.kv_rows
         pg = Int32(-1)
-        if lane < self.kv_boxes and tok >= 0 and tok < ctx.s_kv:  # (a tile that sees no block asks for -1)
+        if box < self.kv_boxes and tok >= 0 and tok < ctx.s_kv:  # (a tile that sees no block asks for -1)
             pg = ctx.page_table[ctx.pt_row + Int64(tok >> self.log2_page) * ctx.pt_stride_p]
         return pg
 
     @cute.jit
-    def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars):
-        """K or V of kv block n from its pages (pg: page_id() of each lane), box j (kv_rows rows inside one page,
-        from row (n * block_n + j * kv_rows) % page) into rows [j * kv_rows, (j + 1) * kv_rows); the whole warp
-        calls it, one lane issues. fp8 KV: into the staging ring, each box of whole e4m3 rows (D bytes, swizzled
-        over a row's bytes)."""
+    def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars, first: cutlass.Constexpr = 0,
+                      step: cutlass.Constexpr = 1):
+        """K or V of kv block n from its pages: boxes first, first + step, ... (all of them by default; pg:
+        page_id() with the same first and step), box j (kv_rows rows inside one page, from row (n * block_n + j *
+        kv_rows) % page) into rows [j * kv_rows, (j + 1) * kv_rows), and this share's bytes expected on the full
+        barrier (which waits for one arrive per share); the whole warp calls it, one lane issues. fp8 KV: into the
+        staging ring, each box of whole e4m3 rows (D bytes, swizzled over a row's bytes)."""
+        boxes = range(first, self.kv_boxes, step)
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(bars + full(stage), self.kv_tx)
+            cute.arch.mbarrier_arrive_and_expect_tx(bars + full(stage), self.kv_tx // self.kv_boxes * len(boxes))
         row = Int32(0)  # the box's first row in its page: 0 where a box is a whole page
         if cutlass.const_expr(self.page > self.kv_rows):
             row = (n * self.bn) & (self.page - 1)
-        for j in cutlass.range_constexpr(self.kv_boxes):
-            page = cute.arch.shuffle_sync(pg, j)
+        for i, j in enumerate(boxes):
+            page = cute.arch.shuffle_sync(pg, i)
             box_row = row
             if cutlass.const_expr(j > 0 and self.page > self.kv_rows):  # boxes of a part of a page: each its own row
                 box_row = (row + j * self.kv_rows) & (self.page - 1)
@@ -414,11 +431,40 @@ class SdpaPrefillSm90:
                             tma.get_ptr(), [c * TMA_BOX_COLS, box_row, kv_head, page], bars + full(stage))
 
     @cute.jit
+    def issue_kv_share(self, tma, base, full, empty, ctx, n_max, n_iter, g0, first: cutlass.Constexpr,
+                       t0: cutlass.Constexpr = 0):
+        """16-bit paged: one warp's share of the boxes (first, first + kv_issuers, ...) of K or V, kv blocks
+        n_max - 1 - t for t in t0 .. n_iter - 1 (ring positions g0 + t)."""
+        lane = cute.arch.lane_idx()
+        for t in cutlass.range(t0, n_iter, unroll=1):
+            pg = self.page_id(ctx, n_max - 1 - t, lane, first, self.kv_issuers)
+            self.load_kv_paged(tma, base, full, empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, ctx.bars, first,
+                               self.kv_issuers)
+
+    @cute.jit
+    def kv_issuer(self, tma, base, full, empty, bars, first: cutlass.Constexpr, page_table, pt_stride_b, pt_stride_p,
+                  slab_tokens, window_left):
+        """16-bit paged, a producer warp past warp 0: its share of K's or V's boxes (issue_kv_share from box
+        `first`) over every tile that warp 0 publishes."""
+        g0 = Int32(0)
+        valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, 0, 7)
+        handoff = Int32(1)
+        while valid != 0:
+            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+            tile = SimpleNamespace(s_kv=s_kv, kv_head=kv_head, bars=bars, page_table=page_table,
+                                   pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
+            self.issue_kv_share(tma, base, full, empty, tile, n_max, n_max - n_min, g0, first)
+            g0 = g0 + (n_max - n_min)
+            valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, handoff, 7)
+            handoff = handoff + 1
+
+    @cute.jit
     def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):
-        """producer_tile for a paged variant, run by the whole producer warp (the page-table reads and the
+        """producer_tile for a paged variant, run by the whole producer warp 0 (the page-table reads and the
         work-item scan are warp-wide; one lane issues): Q of the GQA-packed tile (box (64 columns, group
-        heads, 64 / group tokens) per consumer warpgroup), then K/V from their pages, last block first, n_iter
-        blocks."""
+        heads, 64 / group tokens) per consumer warpgroup) after the first K block, then K/V from their pages, last
+        block first, n_iter blocks. 16-bit: its share of the K boxes only (issue_kv_share; the other warps issue
+        the rest); fp8 KV: every box of K and V."""
         bars = storage.bars.data_ptr()
         sQ = storage.sQ.data_ptr()
         sK = storage.sK.data_ptr()
@@ -429,9 +475,10 @@ class SdpaPrefillSm90:
             sV = storage.sV8.data_ptr()
             k_full, k_empty, v_full, v_empty = self.k8_full, self.k8_empty, self.v8_full, self.v8_empty
         lane = cute.arch.lane_idx()
-        pg = self.page_id(ctx, n_max - 1, lane)
+        step = self.kv_issuers
+        pg = self.page_id(ctx, n_max - 1, lane, 0, step)
         if n_max > 0:
-            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0, n_max - 1, pg, ctx.kv_head, bars, 0, step)
         cute.arch.mbarrier_wait(bars + self.Q_EMPTY, (q_count & 1) ^ 1)
         with cute.arch.elect_one():
             tokens = ctx.slab_tokens  # tokens of one warpgroup's slab: its first tokens * group rows
@@ -443,12 +490,16 @@ class SdpaPrefillSm90:
                         sQ + (w * self.n_wg_rows * self.D + c * self.n_wg_rows * TMA_BOX_COLS), tma_q.get_ptr(),
                         [c * TMA_BOX_COLS, ctx.kv_head * ctx.group, ctx.q_start + (m_block * self.n_wg + w) * tokens],
                         bars + self.Q_FULL)
-        if n_max > 0:
-            self.load_kv_paged(tma_v, sV, v_full, v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
-        for t in cutlass.range(1, n_iter, unroll=1):
-            pg = self.page_id(ctx, n_max - 1 - t, lane)
-            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
-            self.load_kv_paged(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+        if cutlass.const_expr(self.fp8):
+            if n_max > 0:
+                self.load_kv_paged(tma_v, sV, v_full, v_empty, g0, n_max - 1, pg, ctx.kv_head, bars)
+            for t in cutlass.range(1, n_iter, unroll=1):
+                pg = self.page_id(ctx, n_max - 1 - t, lane)
+                self.load_kv_paged(tma_k, sK, k_full, k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+                self.load_kv_paged(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
+        else:
+            ctx.bars = bars
+            self.issue_kv_share(tma_k, sK, k_full, k_empty, ctx, n_max, n_iter, g0, 0, 1)
 
     @cute.jit
     def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
@@ -971,7 +1022,8 @@ class SdpaPrefillSm90:
                 cute.arch.mbarrier_init(bars + self.Q_FULL, 1)
                 cute.arch.mbarrier_init(bars + self.Q_EMPTY, self.consumer_warps)
                 # fp8 KV: the fp16 stages fill by the conversion warps' arrives, the staging tiles by TMA
-                fill = self.CONVERT_WARPS if self.fp8 else 1
+                # (16-bit paged: an arrive from each of the ring's K/V issuers, with the bytes of its boxes)
+                fill = self.CONVERT_WARPS if self.fp8 else self.kv_issuers
                 for s in cutlass.range_constexpr(self.stages):
                     cute.arch.mbarrier_init(bars + self.k_full(s), fill)
                     cute.arch.mbarrier_init(bars + self.v_full(s), fill)
@@ -1018,7 +1070,7 @@ class SdpaPrefillSm90:
                     r = first_tile
                     while r < n_tiles:
                         bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
-                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv))
+                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv, bidx))
                         handoff = handoff + 1
                         n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                         tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
@@ -1044,6 +1096,18 @@ class SdpaPrefillSm90:
                             g0 = g0 + (n_max - n_min)
                             valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                             handoff = handoff + 1
+                else:
+                    # warps 1..3: the other shares of the K and V boxes (kv_issuers per ring: warps 0 and 1 K,
+                    # 2 and 3 V; warps 1 and 3 idle where a block is one box)
+                    tables = (page_table, pt_stride_b, pt_stride_p, slab_tokens, window_left)
+                    sK, sV = storage.sK.data_ptr(), storage.sV.data_ptr()
+                    if warp_idx == 2:
+                        self.kv_issuer(tma_v, sV, self.v_full, self.v_empty, bars, 0, *tables)
+                    if cutlass.const_expr(self.kv_issuers == 2):
+                        if warp_idx == 1:
+                            self.kv_issuer(tma_k, sK, self.k_full, self.k_empty, bars, 1, *tables)
+                        if warp_idx == 3:
+                            self.kv_issuer(tma_v, sV, self.v_full, self.v_empty, bars, 1, *tables)
             elif cutlass.const_expr(self.ragged):
                 if warp_idx == 0:  # the tile scan is warp-wide; one lane issues
                     g0 = Int32(0)
