@@ -354,15 +354,14 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def take_tile(self, bars, handoff, n: cutlass.Constexpr):
-        """A taker warp: the first n words of the tile record, once published (every lane reads them; after the
-        warp's sync its lane 0 arrives, so no read is left when the producer writes the next)."""
+        """A taker warp: the first n words of the tile record, once published. Every lane reads them and then
+        arrives itself (tile_empty counts 32 a taker warp), so each read is ordered before the producer's next write
+        by the lane's own arrive: compute-sanitizer's racecheck does not see a warp sync and one lane's arrive as
+        ordering the other lanes' reads (it reported the record's rewrite racing with them)."""
         record = self.shared_words(bars, self.TILE_RECORD, self.TILE_WORDS)
-        empty = bars + self.tile_empty()
         cute.arch.mbarrier_wait(bars + self.tile_full(), handoff & 1)
         words = [cute.arch.make_warp_uniform(record[i]) for i in range(n)]
-        cute.arch.sync_warp()
-        if cute.arch.lane_idx() == 0:
-            cute.arch.mbarrier_arrive(empty)
+        cute.arch.mbarrier_arrive(bars + self.tile_empty())
         return words
 
     def shared_words(self, bars, first, n):
@@ -1036,7 +1035,10 @@ class SdpaPrefillSm90:
                         cute.arch.mbarrier_init(bars + self.v8_empty(s), self.CONVERT_WARPS)
                 if cutlass.const_expr(self.draws_tiles):
                     cute.arch.mbarrier_init(bars + self.tile_full(), 1)
-                    cute.arch.mbarrier_init(bars + self.tile_empty(), self.tile_takers)
+                    # ragged and paged: every lane of a taker warp arrives (take_tile); the dense tail: its lane 0,
+                    # the slot's one reader in its warp
+                    takers = 32 * self.tile_takers if self.ragged else self.tile_takers
+                    cute.arch.mbarrier_init(bars + self.tile_empty(), takers)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
