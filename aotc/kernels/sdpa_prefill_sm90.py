@@ -430,14 +430,14 @@ class SdpaPrefillSm90:
                             tma.get_ptr(), [c * TMA_BOX_COLS, box_row, kv_head, page], bars + full(stage))
 
     @cute.jit
-    def issue_kv_share(self, tma, base, full, empty, ctx, n_max, n_iter, g0, first: cutlass.Constexpr,
+    def issue_kv_share(self, tma, base, full, empty, bars, ctx, n_max, n_iter, g0, first: cutlass.Constexpr,
                        t0: cutlass.Constexpr = 0):
         """16-bit paged: one warp's share of the boxes (first, first + kv_issuers, ...) of K or V, kv blocks
         n_max - 1 - t for t in t0 .. n_iter - 1 (ring positions g0 + t)."""
         lane = cute.arch.lane_idx()
         for t in cutlass.range(t0, n_iter, unroll=1):
             pg = self.page_id(ctx, n_max - 1 - t, lane, first, self.kv_issuers)
-            self.load_kv_paged(tma, base, full, empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, ctx.bars, first,
+            self.load_kv_paged(tma, base, full, empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars, first,
                                self.kv_issuers)
 
     @cute.jit
@@ -450,9 +450,9 @@ class SdpaPrefillSm90:
         handoff = Int32(1)
         while valid != 0:
             n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
-            tile = SimpleNamespace(s_kv=s_kv, kv_head=kv_head, bars=bars, page_table=page_table,
+            tile = SimpleNamespace(s_kv=s_kv, kv_head=kv_head, page_table=page_table,
                                    pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
-            self.issue_kv_share(tma, base, full, empty, tile, n_max, n_max - n_min, g0, first)
+            self.issue_kv_share(tma, base, full, empty, bars, tile, n_max, n_max - n_min, g0, first)
             g0 = g0 + (n_max - n_min)
             valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, handoff, 7)
             handoff = handoff + 1
@@ -497,8 +497,7 @@ class SdpaPrefillSm90:
                 self.load_kv_paged(tma_k, sK, k_full, k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
                 self.load_kv_paged(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
         else:
-            ctx.bars = bars
-            self.issue_kv_share(tma_k, sK, k_full, k_empty, ctx, n_max, n_iter, g0, 0, 1)
+            self.issue_kv_share(tma_k, sK, k_full, k_empty, bars, ctx, n_max, n_iter, g0, 0, 1)
 
     @cute.jit
     def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
