@@ -14,9 +14,9 @@ from aotc.cli import main
 from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families import get_family
-from aotc.families.sdpa_prefill_sm90 import _why_invalid, draws_tiles, kv_box_rows, tma_recipe
+from aotc.families.sdpa_prefill_sm90 import ROW_GROUP_TILES, _why_invalid, draws_tiles, kv_box_rows, tma_recipe
 from aotc.runtime import tensor
-from aotc.runtime.attention import _recipes, check_attention
+from aotc.runtime.attention import _groups_per_page, _recipes, check_attention
 from aotc.runtime.validate import packed_strides
 
 BASE = 1 << 32
@@ -79,7 +79,7 @@ def test_recipes_of_nhd_and_hnd_pools_and_gqa_groups(kv_layout, group):
     t, d = check(kv_layout=kv_layout, heads_q=H_kv * group, heads_kv=H_kv, head_dim=D, page=P, pages=pages,
                  total_q=total_q)
     assert (d.heads_q, d.heads_kv, d.head_dim, d.page, d.pages) == (H_kv * group, H_kv, D, P, pages)
-    r = _recipes(fake_kernel(D, P, 128), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(D, P, 128), t, d, "bf16")
     # Q: (D, H_q, total_q) in bytes, one box a KV head's group of query heads by 64 / group tokens, 64 rows
     q = r["q"]
     assert q.dims == (D, H_kv * group, total_q)
@@ -96,13 +96,59 @@ def test_recipes_of_nhd_and_hnd_pools_and_gqa_groups(kv_layout, group):
 
 
 @pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page", [16, 64])
+def test_row_group_tiles_walk_the_pools_8_row_groups(kv_layout, page):
+    """D128-176 (ROW_GROUP_TILES): K and V rank 5 over the pool's groups of 8 rows whatever the layout, (64 columns,
+    8 rows, chunks, row groups, H_kv) with byte strides (token, 128, 8 tokens, head), a box of 16 rows (gcd(page,
+    176)) every column; a page's first group at page * kv_groups_per_page, its page stride over 8 token strides."""
+    H_kv, D, pages = 2, 128, 6
+    t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, page=page, pages=pages)
+    r, groups_per_page = _recipes(fake_kernel(D, page, 176), t, d, "bf16")
+    token, head = (H_kv * D, D) if kv_layout == "NHD" else (D, page * D)
+    assert groups_per_page == page * H_kv * D // (8 * token)  # NHD: page / 8; HND: every KV head's rows between
+    for name in ("k", "v"):
+        x = r[name]
+        assert x.dims == (64, 8, 2, pages * groups_per_page, H_kv)
+        assert x.strides == (token * 2, 128, 8 * token * 2, head * 2)
+        assert x.box == (64, 8, 2, 2, 1) and (x.swizzle_bytes, x.l2_promotion_bytes) == (128, 256)
+
+
+def test_row_group_tiles_walk_a_pool_of_odd_page_strides_page_by_page():
+    """V's pages 64 elements further apart than K's: no whole number of 8-row strides, so both pools are walked page
+    by page (kv_groups_per_page 0), a box one 8-row group of every column, each pool with its own strides."""
+    padded = (16 * 2 * 128 + 64, 2 * 128, 128, 1)
+    t, d = check(v_strides=padded)  # NHD [6, 16, 2, 128]
+    r, groups_per_page = _recipes(fake_kernel(128, 16, 176), t, d, "bf16")
+    assert groups_per_page == 0
+    assert r["k"].dims == r["v"].dims == (64, 16, 2, 2, 6) and r["k"].box == r["v"].box == (64, 8, 2, 1, 1)
+    assert r["k"].strides == (256 * 2, 128, 128 * 2, 4096 * 2)  # (token, 128, head, page) in bytes
+    assert r["v"].strides == (256 * 2, 128, 128 * 2, (4096 + 64) * 2)
+
+
+@pytest.mark.parametrize("page_stride,pages,want", [
+    (16 * 256, 6, 2),            # packed NHD [6, 16, 2, 128]: P / 8
+    (2 * 16 * 256, 6, 4),        # K and V pages interleaved in one cache ([pages, 2, P, H, D]): twice as far apart
+    (16 * 256 + 8 * 256, 6, 3),  # pages padded by 8 tokens' rows: still whole 8-row strides
+    (16 * 256 + 64, 6, 0),       # padded by 64 elements: none
+    (16 * 256, (1 << 30) + 1, 0),  # row groups past 2^31 (the kernel's int32 coordinates): page by page
+])
+def test_row_groups_per_page_follow_the_page_stride(page_stride, pages, want):
+    d = SimpleNamespace(page=16, pages=pages, k_strides=(page_stride, 256, 128), v_strides=(page_stride, 256, 128))
+    assert _groups_per_page(d) == want
+    other_v = SimpleNamespace(page=16, pages=6, k_strides=(16 * 256, 256, 128), v_strides=(2 * 16 * 256, 256, 128))
+    assert _groups_per_page(other_v) == 0  # K's and V's differ: one kv_groups_per_page serves both, so none
+    one_page = SimpleNamespace(page=16, pages=1, k_strides=(0, 256, 128), v_strides=(7, 256, 128))
+    assert _groups_per_page(one_page) == 2  # one page: no page stride is ever stepped over
+
+
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
 def test_fp8_pools_are_whole_e4m3_rows_128_byte_swizzled(kv_layout):
     """An fp8 pool's K/V boxes are a page's rows of D bytes, 128-byte swizzled (the kernel's staging rings, read
     without bank conflicts by the conversion warps), byte strides of one byte an element; Q's recipe is the
     16-bit one."""
     H_kv, P, D, pages = 2, 16, 128, 6
     t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, kv_dtype="fp8_e4m3")
-    r = _recipes(fake_kernel(D, P, 128, "fp8_e4m3"), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(D, P, 128, "fp8_e4m3"), t, d, "bf16")
     assert r["q"].dtype == "bf16" and r["q"].box == (64, 4, 16) and r["q"].swizzle_bytes == 128
     token, head = (H_kv * D, D) if kv_layout == "NHD" else (D, P * D)
     for name in ("k", "v"):
@@ -119,7 +165,7 @@ def test_d64_fp8_pools_are_64_byte_swizzled_on_two_consumer_warpgroups(kv_layout
     H_kv, P, D, pages = 2, 16, 64, 6
     t, d = check(kv_layout=kv_layout, heads_q=8, heads_kv=H_kv, head_dim=D, kv_dtype="fp8_e4m3")
     kernel = fake_kernel(D, P, 128, "fp8_e4m3")
-    r = _recipes(kernel, t, d, "bf16")
+    r, _ = _recipes(kernel, t, d, "bf16")
     for name in ("k", "v"):
         assert r[name].box == (D, P, 1, 1) and r[name].swizzle_bytes == 64 and r[name].dtype == "fp8_e4m3"
     assert r["q"].box == (64, 4, 16) and r["q"].swizzle_bytes == 128
@@ -138,7 +184,7 @@ def test_fp8_recipe_is_the_kernels_own():
     t, d = check(heads_q=8, heads_kv=2, kv_dtype="fp8_e4m3")
     kernel = fake_kernel(128, 16, 128, "fp8_e4m3")
     kernel.artifact.launch.extra["tma"]["kv_swizzle_bytes"] = 0
-    r = _recipes(kernel, t, d, "bf16")
+    r, _ = _recipes(kernel, t, d, "bf16")
     assert r["k"].swizzle_bytes == r["v"].swizzle_bytes == 0 and r["q"].swizzle_bytes == 128
 
 
@@ -163,15 +209,19 @@ def test_fp8_variants_are_paged_d64_and_d128_kv_blocks_of_128():
     (64, 128, 16, 16), (128, 128, 64, 64), (128, 128, 128, 128), (128, 176, 16, 16), (256, 80, 16, 16)])
 def test_a_kv_box_is_a_page_or_a_kv_block_inside_one(head_dim, block_n, page, rows):
     t, d = check(head_dim=head_dim, page=page)
-    r = _recipes(fake_kernel(head_dim, page, block_n), t, d, "bf16")
-    assert r["k"].box == r["v"].box == (64, rows, 1, 1)
-    assert r["k"].dims[:2] == (head_dim, page)
+    r, groups_per_page = _recipes(fake_kernel(head_dim, page, block_n), t, d, "bf16")
+    if (head_dim, block_n) in ROW_GROUP_TILES:  # every column of a box's rows, its 8-row groups
+        assert r["k"].box == r["v"].box == (64, 8, head_dim // 64, rows // 8, 1)
+        assert r["k"].dims[:3] == (64, 8, head_dim // 64) and groups_per_page == page // 8
+    else:
+        assert r["k"].box == r["v"].box == (64, rows, 1, 1)
+        assert r["k"].dims[:2] == (head_dim, page) and groups_per_page == 0
 
 
 def test_k_and_v_pools_keep_their_own_strides():
     padded = (16 * 2 * 128 + 64, 2 * 128, 128, 1)  # V's pages 64 elements further apart than K's
     t, d = check(v_strides=padded)  # NHD [6, 16, 2, 128]
-    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
     assert r["k"].strides == (256 * 2, 128 * 2, 4096 * 2)  # (token, head, page) in bytes
     assert r["v"].strides == (256 * 2, 128 * 2, (4096 + 64) * 2)
 
@@ -185,7 +235,7 @@ def test_extent_one_dims_encode_whatever_their_strides(kv_layout):
     kv_strides = tuple(0 if n == 1 else s for n, s in zip(kv, packed_strides(kv)))
     t, d = check(kv_layout=kv_layout, total_q=1, heads_q=1, heads_kv=1, head_dim=64, pages=1,
                  q_strides=(64, 0, 1), k_strides=kv_strides, v_strides=kv_strides)
-    r = _recipes(fake_kernel(64, 16, 128), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(64, 16, 128), t, d, "bf16")
     assert r["q"].dims == (64, 1, 1) and r["q"].strides == (16, 64 * 2)
     assert r["k"].dims == (64, 16, 1, 1) and r["k"].strides == (64 * 2, 16, 16)
 
@@ -201,7 +251,7 @@ def test_a_token_stride_later_counts_cannot_use_is_refused(token_stride):
 def test_an_empty_step_still_encodes():
     """total_q = 0 (no query this step): Q's descriptor has one row, never loaded."""
     t, d = check(total_q=0, batch=0, max_pages=0)
-    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
     assert r["q"].dims == (128, 8, 1)
 
 
@@ -227,7 +277,7 @@ def test_every_group_up_to_64_is_served(group):
 def test_q_box_of_a_group_not_dividing_64(group):
     """Q's box is group heads by 64 // group tokens: group * (64 // group) rows of the 64-row slab."""
     t, d = check(heads_q=2 * group, heads_kv=2)
-    r = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
+    r, _ = _recipes(fake_kernel(128, 16, 128), t, d, "bf16")
     assert r["q"].box == (64, group, 64 // group)
 
 

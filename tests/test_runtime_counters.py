@@ -74,4 +74,5 @@ def test_ragged_paged_and_dense_causal_d128_d256_variants_draw_tiles(head_dim, l
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=layout, causal=causal,
                      block_n={64: 128, 128: 128, 256: 80}[head_dim])
     assert launch_facts(v).extra["draws_tiles"] is draws
-    assert PARAMS[-1].name == "tile_counter" and PARAMS[-1].pointee_align == 4
+    counter = next(p for p in PARAMS if p.name == "tile_counter")
+    assert counter.kind == "ptr" and counter.pointee_align == 4

@@ -40,11 +40,11 @@ def test_every_attention_family_has_the_three_fields_and_parameters(family):
                               strides="general") for layout in ("dense", "ragged", "paged16", "paged128")])
     for v in variants:
         paged = family == "sdpa_prefill" and v["layout"].startswith("paged")
-        after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 4}.get(family, 3 if paged else 0)
+        after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 5}.get(family, 3 if paged else 0)
         params = fam.params(v)
         assert params[len(params) - after - 3:len(params) - after] == FEATURE_PARAMS
     if family == "sdpa_prefill_sm90":
-        assert fam.params(SimpleNamespace())[-1].name == "tile_counter"
+        assert [p.name for p in fam.params(SimpleNamespace())[-2:]] == ["tile_counter", "kv_groups_per_page"]
     assert [p.name for p in FEATURE_PARAMS] == ["sinks", "window_left", "softcap"]
 
 

@@ -25,11 +25,14 @@ Paged (layout pagedP, the serving entry point Runtime.attention): Q/O ragged [to
 cu_seqlens_q (any query count per sequence, 0 included); K/V in pools of pages of P tokens,
 NHD [pages, P, H_kv, D] or HND [pages, H_kv, P, D]; sequence b's token t lives in page
 page_table[b, t // P] at slot t % P; seqlens_kv[b] = its full KV length (the new tokens included),
-so causal is bottom-right per sequence. K and V descriptors are rank 4 over the pool, dims
-(D, P, H_kv, pages) with byte strides (token, head, page): one TMA box is kv_box_rows(P, block_n)
-= gcd(P, block_n) rows inside one page, a kv block block_n / that many boxes per 64 columns. A box
-of tokens past the sequence's end is loaded from page -1 (out of bounds: zeros); a page id the caller put out of
-[0, pages) reads zeros too, never another allocation. The rows past seqlens_kv inside a
+so causal is bottom-right per sequence. One TMA box is kv_box_rows(P, block_n) = gcd(P, block_n)
+rows inside one page, a kv block block_n / that many boxes. The tiles of ROW_GROUP_TILES over 16-bit
+pools: K and V descriptors are rank 5 over the pool's groups of 8 rows, dims (64, 8, D / 64, groups, H_kv) with byte strides (token, 128,
+8 tokens, head), page p's first group at p * kv_groups_per_page (its page stride over 8 token strides),
+a box every column of its rows; where the page stride is no multiple of 8 token strides, dims
+(64, P, D / 64, H_kv, pages) and a box an 8-row group. Other tiles: rank 4, dims (D, P, H_kv, pages) with
+byte strides (token, head, page), a box 64 columns of its rows (fp8: whole e4m3 rows). A box of tokens past the sequence's end is loaded from out of the pool
+(page -1: zeros); a page id the caller put out of [0, pages) reads zeros too, never another allocation. The rows past seqlens_kv inside a
 sequence's last page are masked out of the scores, and the kernel zeroes them in shared memory
 before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.
 
@@ -172,6 +175,20 @@ def kv_box_rows(page: int, block_n: int) -> int:
     return math.gcd(page, block_n)
 
 
+# 16-bit paged tiles whose K/V rings hold each 8-row group's 64-column chunks side by side, a box of whole rows loaded
+# at a time along the pool's groups of 8 rows (tma_recipe's kv_view "row_groups", the kernel's grouped_kv), where it
+# measured faster: D128-176 over 16-token pages, 22 TMA copies a kv block (K and V) against 44, 1.6-3.1% fewer SM
+# cycles at S_kv 4096-16384 (H100). D128-128 took 0.5-0.9% more at S_kv 2048 and D256-80 1.0% more (its tensor pipe
+# 92% busy); D64's rows are one chunk (nothing to merge): they keep the chunk-major ring
+# (benchmarks/results/paged_varlen_experiment_row_groups.json).
+ROW_GROUP_TILES = frozenset({(128, 176)})
+
+
+def row_group_kv(variant: Variant, block_n: int) -> bool:
+    """Whether a variant at kv tile block_n loads K/V along the pool's row groups (ROW_GROUP_TILES)."""
+    return page_size(variant) > 0 and not kv_fp8(variant) and (variant["head_dim"], block_n) in ROW_GROUP_TILES
+
+
 def tile(head_dim: int, block_n: int, fp8: bool = False) -> Tile:
     """The tile of a (head dim, block_n) variant; fp8 KV: FP8_TILES's."""
     return FP8_TILES[head_dim, block_n] if fp8 else TILES[head_dim, block_n]
@@ -194,6 +211,10 @@ PARAMS: tuple[Param, ...] = (
     # (aotc.kernels.tile_scheduler.PersistentTiles.drawn_plan; the runtime's per-stream counters,
     # aotc.runtime.counters); 0 for the other variants
     ptr("tile_counter", 4),
+    # the paged variants of ROW_GROUP_TILES (tma_recipe's kv_view "row_groups"): the pool's page stride in strides of 8 rows, the
+    # row-group coordinate of a page's first 8 rows (0: no whole number of them, one copy an 8-row group from its
+    # page); 0 for the other variants
+    Param("kv_groups_per_page", "i32"),
 )
 
 ARCHS = ("sm_90a",)
@@ -229,10 +250,15 @@ def tma_recipe(variant: Variant, block_n: int) -> dict:
     kv_rows = kv_box_rows(page, block_n) if page else block_n
     fp8 = ({"kv_box_cols": variant["head_dim"], "kv_swizzle_bytes": min(128, variant["head_dim"])}
            if kv_fp8(variant) else {})
+    # ROW_GROUP_TILES: K/V rank 5 over the pool's 8-row groups, (64 columns, 8 rows, D / 64 chunks, row groups, H_kv),
+    # a box kv_rows whole rows (box_rows / 8 groups), or where the page stride is no multiple of 8 rows' (the
+    # kernel's kv_groups_per_page 0), (64 columns, P rows, chunks, H_kv, pages) and boxes of 8 rows
+    grouped = {"kv_view": "row_groups"} if row_group_kv(variant, block_n) else {}
     return {
-        # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages)
+        # paged: Q ragged (rank 3), K/V rank 4 over the pool (D, P, H_kv, pages), or 5 (kv_view row_groups)
         "rank": 3 if variant["layout"] != "dense" else 4,
-        "kv_rank": 4 if variant["layout"] != "ragged" else 3,
+        "kv_rank": (5 if grouped else 4) if variant["layout"] != "ragged" else 3,
+        **grouped,
         "box_cols": TMA_BOX_COLS,
         "box_rows": {"q": Q_BOX_ROWS, "k": kv_rows, "v": kv_rows},
         "swizzle_bytes": 128,

@@ -33,12 +33,14 @@ def acc_to_a_operand(layout: cute.Layout) -> cute.Layout:
     )
 
 
-def smem_layout(dtype, rows: int, head_dim: int, stages: int):
+def smem_layout(dtype, rows: int, head_dim: int, stages: int, chunks_inner: bool = False):
     """(rows, D, stages), K-major 128-byte-swizzled wgmma atoms (8 x 64) stacked along rows first,
-    then along D: each 64-column chunk of a stage is one contiguous TMA box of rows x 128 bytes."""
+    then along D: each 64-column chunk of a stage is one contiguous TMA box of rows x 128 bytes. chunks_inner:
+    along D first, then rows: each 8-row group's chunks side by side ([stage][8-row group][chunk][8 x 64]), so a
+    box of whole rows (every chunk) of 8-row groups is contiguous (wgmma then steps 8-row groups by D x 16 bytes)."""
     atom = warpgroup.make_smem_layout_atom(
         sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, head_dim), dtype)
-    return cute.tile_to_shape(atom, (rows, head_dim, stages), (0, 1, 2))
+    return cute.tile_to_shape(atom, (rows, head_dim, stages), (1, 0, 2) if chunks_inner else (0, 1, 2))
 
 
 def gemm(tiled_mma, acc, frag_a, frag_b, zero_init: bool, also=None):

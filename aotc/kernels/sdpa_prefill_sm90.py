@@ -73,6 +73,7 @@ from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILE
                                           REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_box_rows, kv_fp8,
                                           launch_facts, page_size, registers_after_setmaxnreg,
                                           why_registers_do_not_fit)
+from ..families.sdpa_prefill_sm90 import row_group_kv
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
@@ -88,6 +89,9 @@ from .warp_mma import DTYPES, VEC, make_s2g
 
 
 _WG = WARPGROUP  # threads per warpgroup
+# grouped_kv: a row-group coordinate out of every pool (a box from it is TMA's zero fill), for pages out of the pool
+OUT_OF_POOL = -(1 << 30)
+OUT_OF_INT32 = 1 << 31
 # Causal tile order (aotc.kernels.tile_scheduler.PersistentTiles). D128 and D256 take tile pairs whenever
 # the pairs fill the grid; D64 (192-row tiles, three consumer warpgroups) only when a round would hold
 # fewer than _PAIRS_MIN_TILES_PER_HEAD tiles of each head, else the longest-first snake. Against cuDNN,
@@ -188,6 +192,13 @@ class SdpaPrefillSm90:
         # than the ragged kernel on the same work (benchmarks/results/paged_varlen_experiment_kv_issue.json).
         # fp8 KV keeps warp 0 issuing every box: its warps 1..3 convert.
         self.kv_issuers = min(2, self.kv_boxes) if self.paged and not self.fp8 else 1
+        # ROW_GROUP_TILES (16-bit paged D128-176): the K/V rings hold each 8-row group's 64-column chunks side by side
+        # (smem_layout chunks_inner: [stage][8-row group][chunk][8 x 64]), so one TMA box of (64 columns, 8 rows, every
+        # chunk, kv_rows / 8 groups) brings a box's rows whole: one copy a box where a copy a column chunk took two
+        # (22 copies a kv block over 16-token pages, K and V, against 44). The pool's descriptor walks its 8-row groups
+        # (tma_recipe's kv_view, kv_groups_per_page); the other tiles keep the chunk-major ring (fp8's conversion
+        # warps write it).
+        self.grouped_kv = row_group_kv(variant, t.block_n)
         # the warps that take each drawn tile from the producer: the consumers', fp8 KV's conversion warps, and
         # the 16-bit paged kernels' K/V issuers past warp 0
         helpers = 0
@@ -395,39 +406,82 @@ class SdpaPrefillSm90:
         pg = Int32(-1)
         if box < self.kv_boxes and tok >= 0 and tok < ctx.s_kv:  # (a tile that sees no block asks for -1)
             pg = ctx.page_table[ctx.pt_row + Int64(tok >> self.log2_page) * ctx.pt_stride_p]
+        if cutlass.const_expr(self.grouped_kv):
+            pg = self.row_group(pg, tok, ctx.kv_groups_per_page)
         return pg
 
     @cute.jit
+    def row_group(self, pg, tok, groups_per_page):
+        """grouped_kv, over a pool whose page stride is groups_per_page (> 0) strides of 8 rows: the coordinate of the
+        8-row group of page pg holding key tok (page row tok % page) along the descriptor's row groups; a page out of
+        the pool (-1 past the sequence's end, or an id the caller put out of [0, pages) that would wrap int32) gets
+        OUT_OF_POOL, every group of its box out of bounds (TMA's zero fill). groups_per_page 0 keeps the page id."""
+        coord = pg
+        if groups_per_page != 0:
+            at = Int64(pg) * Int64(groups_per_page) + Int64((tok & (self.page - 1)) >> 3)
+            coord = Int32(OUT_OF_POOL)
+            if at >= Int64(0) and at < Int64(OUT_OF_INT32):
+                coord = Int32(at)
+        return coord
+
+    @cute.jit
     def load_kv_paged(self, tma, base, full, empty, g, n, pg, kv_head, bars, first: cutlass.Constexpr = 0,
-                      step: cutlass.Constexpr = 1):
+                      step: cutlass.Constexpr = 1, groups_per_page=None):
         """K or V of kv block n from its pages: boxes first, first + step, ... (all of them by default; pg:
         page_id() with the same first and step), box j (kv_rows rows inside one page, from row (n * block_n + j *
         kv_rows) % page) into rows [j * kv_rows, (j + 1) * kv_rows), and this share's bytes expected on the full
-        barrier (which waits for one arrive per share); the whole warp calls it, one lane issues. fp8 KV: into the
+        barrier (which waits for one arrive per share); the whole warp calls it, one lane issues. grouped_kv: one copy
+        a box along the pool's row groups, or, where the page stride is no multiple of 8 rows' (groups_per_page 0),
+        one an 8-row group from its page; other 16-bit tiles: one a 64-column chunk of a box; fp8 KV: into the
         staging ring, each box of whole e4m3 rows (D bytes, swizzled over a row's bytes)."""
         boxes = range(first, self.kv_boxes, step)
         stage, phase = self.ring(g)
         cute.arch.mbarrier_wait(bars + empty(stage), phase ^ 1)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bars + full(stage), self.kv_tx // self.kv_boxes * len(boxes))
-        row = Int32(0)  # the box's first row in its page: 0 where a box is a whole page
-        if cutlass.const_expr(self.page > self.kv_rows):
-            row = (n * self.bn) & (self.page - 1)
-        for i, j in enumerate(boxes):
-            page = cute.arch.shuffle_sync(pg, i)
-            box_row = row
-            if cutlass.const_expr(j > 0 and self.page > self.kv_rows):  # boxes of a part of a page: each its own row
-                box_row = (row + j * self.kv_rows) & (self.page - 1)
-            with cute.arch.elect_one():
-                if cutlass.const_expr(self.fp8):
-                    prims.cp_async_bulk_tensor_shared_cta_global(
-                        base + (stage * self.bn * self.D + j * self.kv_rows * self.D), tma.get_ptr(),
-                        [0, box_row, kv_head, page], bars + full(stage))
-                else:
-                    for c in cutlass.range_constexpr(self.chunks):
+        stage_base = base + stage * self.bn * self.D
+        by_page = True  # the boxes each from its page (a dynamic flag for the row-group tiles)
+        if cutlass.const_expr(self.grouped_kv):
+            by_page = groups_per_page == 0
+            if groups_per_page != 0:
+                for i, j in enumerate(boxes):
+                    at = cute.arch.shuffle_sync(pg, i)
+                    with cute.arch.elect_one():
                         prims.cp_async_bulk_tensor_shared_cta_global(
-                            base + (stage * self.bn * self.D + c * self.bn * TMA_BOX_COLS + j * self.kv_rows * TMA_BOX_COLS),
-                            tma.get_ptr(), [c * TMA_BOX_COLS, box_row, kv_head, page], bars + full(stage))
+                            stage_base + j * self.kv_rows * self.D, tma.get_ptr(), [0, 0, 0, at, kv_head],
+                            bars + full(stage))
+        if by_page:
+            row = self.first_box_row(n)
+            for i, j in enumerate(boxes):
+                page = cute.arch.shuffle_sync(pg, i)
+                box_row = self.box_row(row, j)
+                with cute.arch.elect_one():
+                    if cutlass.const_expr(self.grouped_kv):  # an 8-row group of every column a copy
+                        for r in cutlass.range_constexpr(0, self.kv_rows, 8):
+                            prims.cp_async_bulk_tensor_shared_cta_global(
+                                stage_base + (j * self.kv_rows + r) * self.D, tma.get_ptr(),
+                                [0, box_row + r, 0, kv_head, page], bars + full(stage))
+                    elif cutlass.const_expr(self.fp8):
+                        prims.cp_async_bulk_tensor_shared_cta_global(
+                            stage_base + j * self.kv_rows * self.D, tma.get_ptr(), [0, box_row, kv_head, page],
+                            bars + full(stage))
+                    else:  # a copy a 64-column chunk of the box, into the chunk's rows of the stage
+                        for c in cutlass.range_constexpr(self.chunks):
+                            prims.cp_async_bulk_tensor_shared_cta_global(
+                                stage_base + self.ring_offset(0, j * self.kv_rows, c), tma.get_ptr(),
+                                [c * TMA_BOX_COLS, box_row, kv_head, page], bars + full(stage))
+
+    def first_box_row(self, n):
+        """The first box of kv block n's row in its page: 0 where a box is a whole page."""
+        if self.page > self.kv_rows:
+            return (n * self.bn) & (self.page - 1)
+        return Int32(0)
+
+    def box_row(self, row, j: int):
+        """Box j's row in its page, the block's first box at `row` (boxes of a part of a page: each its own row)."""
+        if j > 0 and self.page > self.kv_rows:
+            return (row + j * self.kv_rows) & (self.page - 1)
+        return row
 
     @cute.jit
     def issue_kv_share(self, tma, base, full, empty, bars, ctx, n_max, n_iter, g0, first: cutlass.Constexpr,
@@ -438,11 +492,11 @@ class SdpaPrefillSm90:
         for t in cutlass.range(t0, n_iter, unroll=1):
             pg = self.page_id(ctx, n_max - 1 - t, lane, first, self.kv_issuers)
             self.load_kv_paged(tma, base, full, empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars, first,
-                               self.kv_issuers)
+                               self.kv_issuers, ctx.kv_groups_per_page)
 
     @cute.jit
     def kv_issuer(self, tma, base, full, empty, bars, first: cutlass.Constexpr, page_table, pt_stride_b, pt_stride_p,
-                  slab_tokens, window_left):
+                  slab_tokens, window_left, kv_groups_per_page):
         """16-bit paged, a producer warp past warp 0: its share of K's or V's boxes (issue_kv_share from box
         `first`) over every tile that warp 0 publishes."""
         g0 = Int32(0)
@@ -451,7 +505,8 @@ class SdpaPrefillSm90:
         while valid != 0:
             n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
             tile = SimpleNamespace(s_kv=s_kv, kv_head=kv_head, page_table=page_table,
-                                   pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
+                                   pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+                                   kv_groups_per_page=kv_groups_per_page)
             self.issue_kv_share(tma, base, full, empty, bars, tile, n_max, n_max - n_min, g0, first)
             g0 = g0 + (n_max - n_min)
             valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, handoff, 7)
@@ -477,7 +532,8 @@ class SdpaPrefillSm90:
         step = self.kv_issuers
         pg = self.page_id(ctx, n_max - 1, lane, 0, step)
         if n_max > 0:
-            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0, n_max - 1, pg, ctx.kv_head, bars, 0, step)
+            self.load_kv_paged(tma_k, sK, k_full, k_empty, g0, n_max - 1, pg, ctx.kv_head, bars, 0, step,
+                               ctx.kv_groups_per_page)
         cute.arch.mbarrier_wait(bars + self.Q_EMPTY, (q_count & 1) ^ 1)
         with cute.arch.elect_one():
             tokens = ctx.slab_tokens  # tokens of one warpgroup's slab: its first tokens * group rows
@@ -943,6 +999,13 @@ class SdpaPrefillSm90:
                 self.overlapped_block(tile, t, n_max, n_iter, g0, True, fixed)
         self.last_block(tile, n_iter, g0, fixed)
 
+    def ring_offset(self, s, row, c: int):
+        """Element offset of ring row `row`'s 64-column chunk c in stage s (smem_layout, before its swizzle, which
+        keeps a 128-byte row in place): grouped_kv holds each 8-row group's chunks side by side."""
+        if self.grouped_kv:
+            return s * self.bn * self.D + (row >> 3) * (8 * self.D) + c * (8 * TMA_BOX_COLS) + (row & 7) * TMA_BOX_COLS
+        return s * self.bn * self.D + c * self.bn * TMA_BOX_COLS + row * TMA_BOX_COLS
+
     @cute.jit
     def zero_v_tail(self, ctx, wg_index, n_max, g0):
         """Paged: the V rows past the sequence's end in its last kv block (the rest of its last page, read
@@ -960,8 +1023,7 @@ class SdpaPrefillSm90:
         for u in cutlass.range(wg_index * _WG + ctx.wg_tid, units * self.chunks, self.n_wg * _WG, unroll=1):
             c = u // units
             r = u - c * units
-            off = (s * self.bn * self.D + c * self.bn * TMA_BOX_COLS + (tail + r // (TMA_BOX_COLS // VEC)) * TMA_BOX_COLS
-                   + (r % (TMA_BOX_COLS // VEC)) * VEC)
+            off = self.ring_offset(s, tail + r // (TMA_BOX_COLS // VEC), c) + (r % (TMA_BOX_COLS // VEC)) * VEC
             cute.make_tensor(ctx.sV_ptr + cute.assume(off, divby=VEC), cute.make_layout(VEC)).store(zeros.load())
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=self.ZERO_BAR, number_of_threads=self.n_wg * _WG)
@@ -1004,6 +1066,7 @@ class SdpaPrefillSm90:
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
         k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
+        kv_groups_per_page: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -1076,7 +1139,8 @@ class SdpaPrefillSm90:
                         n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                         tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
                                                slab_tokens=slab_tokens, page_table=page_table,
-                                               pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p)
+                                               pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+                                               kv_groups_per_page=kv_groups_per_page)
                         self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
                                             q_count)
                         g0 = g0 + (n_max - n_min)
@@ -1100,7 +1164,7 @@ class SdpaPrefillSm90:
                 else:
                     # warps 1..3: the other shares of the K and V boxes (kv_issuers per ring: warps 0 and 1 K,
                     # 2 and 3 V; warps 1 and 3 idle where a block is one box)
-                    tables = (page_table, pt_stride_b, pt_stride_p, slab_tokens, window_left)
+                    tables = (page_table, pt_stride_b, pt_stride_p, slab_tokens, window_left, kv_groups_per_page)
                     sK, sV = storage.sK.data_ptr(), storage.sV.data_ptr()
                     if warp_idx == 2:
                         self.kv_issuer(tma_v, sV, self.v_full, self.v_empty, bars, 0, *tables)
@@ -1166,7 +1230,7 @@ class SdpaPrefillSm90:
                 atom_layout_mnk=(1, 1, 1), tiler_mn=(self.n_wg_rows, self.D), a_source=warpgroup.OperandSource.RMEM)
             # the swizzle goes into the pointer (wgmma wants affine layouts)
             lq = smem_layout(mt, self.n_wg_rows, self.D, self.n_wg)  # (64, D, warpgroup)
-            lkv = smem_layout(mt, self.bn, self.D, self.stages)   # (bn, D, stage)
+            lkv = smem_layout(mt, self.bn, self.D, self.stages, chunks_inner=self.grouped_kv)   # (bn, D, stage)
             sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner, dtype=mt)
             sK = storage.sK.get_tensor(lkv.outer, swizzle=lkv.inner, dtype=mt)
             sV = storage.sV.get_tensor(lkv.outer, swizzle=lkv.inner, dtype=mt)
@@ -1390,6 +1454,7 @@ class SdpaPrefillSm90:
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
         k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
+        kv_groups_per_page: Int32,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
@@ -1404,15 +1469,24 @@ class SdpaPrefillSm90:
                 [self.D if fp8 else TMA_BOX_COLS, rows] + [1] * (rank - 2),
                 swizzle=TensorMapSwizzle.none if fp8 else TensorMapSwizzle.s128b)
 
+        def grouped_desc(ptr, groups, heads):  # grouped_kv: (64 columns, 8 rows, chunks, row groups, H_kv)
+            row = heads * self.D * self.elem_bytes // 16
+            return create_tensor_map_tiled(
+                ptr.toint(), self.dtype, [TMA_BOX_COLS, 8, self.chunks, groups, heads],
+                [row, TMA_BOX_COLS * self.elem_bytes // 16, 8 * row, self.D * self.elem_bytes // 16],
+                [TMA_BOX_COLS, 8, self.chunks, self.kv_rows // 8, 1], swizzle=TensorMapSwizzle.s128b)
+
         q_rank = 3 if self.ragged else 4
         kv_rank = 4 if self.paged or not self.ragged else 3  # paged: (D, page, H_kv, pages)
         kv_rows = self.kv_rows if self.paged else self.bn
+        tma_kv = ((grouped_desc(tma_k, seqlen_kv, heads_kv), grouped_desc(tma_v, seqlen_kv, heads_kv))
+                  if self.grouped_kv else (desc(tma_k, kv_rows, kv_rank, True), desc(tma_v, kv_rows, kv_rank, True)))
         self.sdpa_prefill_sm90_kernel(
-            desc(tma_q, Q_BOX_ROWS, q_rank), desc(tma_k, kv_rows, kv_rank, True), desc(tma_v, kv_rows, kv_rank, True),
+            desc(tma_q, Q_BOX_ROWS, q_rank), *tma_kv,
             o, lse, cu_seqlens_q, cu_seqlens_kv, page_table, seqlens_kv,
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
-            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h, tile_counter,
+            sinks, window_left, softcap, k_descale, v_descale, descale_stride_h, tile_counter, kv_groups_per_page,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

@@ -270,12 +270,12 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
     return DensePool(pool(k), pool(v), page, step, per_seq)
 
 
-def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
-    """TMA recipes: Q (D, H_q, total_q) with a box of (64 columns, group heads, 64 // group tokens), one
-    GQA-packed 64-row slab (its last 64 % group rows left as they are: padding); K and V rank 4 over the pool,
-    (D, page, H_kv, pages), boxes of the recipe's box_rows inside one page (the family's kv_box_rows); an fp8
-    pool's boxes are whole e4m3 rows, swizzled over a row's bytes (the recipe's kv_box_cols and
-    kv_swizzle_bytes)."""
+def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> tuple[dict, int]:
+    """TMA recipes and the kernel's kv_groups_per_page: Q (D, H_q, total_q) with a box of (64 columns, group heads,
+    64 // group tokens), one GQA-packed 64-row slab (its last 64 % group rows left as they are: padding). K and V:
+    a 16-bit kernel's (kv_view row_groups) rank 5 over the pool's groups of 8 rows (_row_group_recipes); an fp8
+    pool's rank 4 over the pool, (D, page, H_kv, pages), boxes of the recipe's box_rows inside one page (the
+    family's kv_box_rows), whole e4m3 rows swizzled over a row's bytes (kv_box_cols, kv_swizzle_bytes)."""
     tma = kernel.artifact.launch.extra["tma"]
     elem = element_bytes(dtype)
     kv_dtype = t["k_cache"].dtype
@@ -288,16 +288,65 @@ def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> dict:
                                 (*_byte_strides(elem, (q.strides[1], d.heads_q)), q.strides[0] * elem),
                                 (int(tma["box_cols"]), group, Q_BOX_ROWS // group),
                                 int(tma["swizzle_bytes"]), int(tma["l2_promotion_bytes"]))}
-    for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
-        page_s, tok_s, head_s = strides
-        recipes[name] = TiledRecipe(
-            kv_dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
-            _byte_strides(kv_elem, (tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages)),
-            (int(tma.get("kv_box_cols", tma["box_cols"])), int(tma["box_rows"][name]), 1, 1),
-            int(tma.get("kv_swizzle_bytes", tma["swizzle_bytes"])), int(tma["l2_promotion_bytes"]))
+    groups_per_page = 0
+    if tma.get("kv_view") == "row_groups":
+        kv, groups_per_page = _row_group_recipes(tma, d, kv_dtype)
+        recipes.update(kv)
+    else:
+        for name, strides in (("k", d.k_strides), ("v", d.v_strides)):
+            page_s, tok_s, head_s = strides
+            recipes[name] = TiledRecipe(
+                kv_dtype, (d.head_dim, d.page, d.heads_kv, d.pages),
+                _byte_strides(kv_elem, (tok_s, d.page), (head_s, d.heads_kv), (page_s, d.pages)),
+                (int(tma.get("kv_box_cols", tma["box_cols"])), int(tma["box_rows"][name]), 1, 1),
+                int(tma.get("kv_swizzle_bytes", tma["swizzle_bytes"])), int(tma["l2_promotion_bytes"]))
     for name, r in recipes.items():
         r.check({"q": "q", "k": "k_cache", "v": "v_cache"}[name])
-    return recipes
+    return recipes, groups_per_page
+
+
+# row-group coordinates the kernel computes in int32 (a page's past 2^31 would wrap: it takes them as out of the pool)
+_MAX_ROW_GROUPS = 1 << 31
+
+
+def _groups_per_page(d: AttentionShape) -> int:
+    """The page stride of both pools in strides of 8 rows (each page's first row group is page * that), or 0 where
+    it is no whole number of them for either pool, they differ, or the pool's groups would pass 2^31. A pool of one
+    page needs no page stride: its groups are P / 8."""
+    if d.pages == 1:
+        return d.page // 8
+    found = set()
+    for page_s, tok_s, _ in (d.k_strides, d.v_strides):
+        if tok_s <= 0 or page_s <= 0 or page_s % (8 * tok_s):
+            return 0
+        found.add(page_s // (8 * tok_s))
+    (per_page,) = found if len(found) == 1 else (0,)
+    return per_page if per_page * d.pages <= _MAX_ROW_GROUPS else 0
+
+
+def _row_group_recipes(tma: dict, d: AttentionShape, kv_dtype: str) -> tuple[dict, int]:
+    """16-bit pools (kv_view row_groups): K and V rank 5 over the pool's groups of 8 rows, (64 columns, 8 rows,
+    D / 64 chunks, row groups, H_kv) with byte strides (token, 128, 8 tokens, head), a box of box_rows whole rows;
+    where _groups_per_page finds none, (64 columns, P rows, chunks, H_kv, pages) with byte strides (token, 128, head,
+    page) and boxes of one 8-row group (the kernel then copies each group from its page)."""
+    elem = element_bytes(kv_dtype)
+    cols = int(tma["box_cols"])
+    chunks = d.head_dim // cols
+    per_page = _groups_per_page(d)
+    recipes = {}
+    for name, (page_s, tok_s, head_s) in (("k", d.k_strides), ("v", d.v_strides)):
+        if per_page:
+            dims = (cols, 8, chunks, d.pages * per_page, d.heads_kv)
+            strides = _byte_strides(elem, (tok_s, 8), (cols, chunks), (8 * tok_s, d.pages * per_page),
+                                    (head_s, d.heads_kv))
+            box = (cols, 8, chunks, int(tma["box_rows"][name]) // 8, 1)
+        else:
+            dims = (cols, d.page, chunks, d.heads_kv, d.pages)
+            strides = _byte_strides(elem, (tok_s, d.page), (cols, chunks), (head_s, d.heads_kv), (page_s, d.pages))
+            box = (cols, 8, chunks, 1, 1)
+        recipes[name] = TiledRecipe(kv_dtype, dims, strides, box, int(tma["swizzle_bytes"]),
+                                    int(tma["l2_promotion_bytes"]))
+    return recipes, per_page
 
 
 def _byte_strides(elem: int, *dims: tuple[int, int]) -> tuple[int, ...]:
@@ -405,8 +454,9 @@ class AttentionPlan(Plan):
                                      v_descale=scales.v)
         self.decode_query_len = decode_query_len
         self.portable = None
+        kv_groups_per_page = 0
         if hopper:
-            recipes = _recipes(kernel, t, d, dtype)
+            recipes, kv_groups_per_page = _recipes(kernel, t, d, dtype)
             self.descriptors = tuple(DescriptorSlot(recipes[n], t[c].ptr)
                                      for n, c in (("q", "q"), ("k", "k_cache"), ("v", "v_cache")))
             self._q_recipe = recipes["q"]
@@ -428,6 +478,7 @@ class AttentionPlan(Plan):
             "lse_stride_b": 0, "lse_stride_h": lse_strides[0], "lse_stride_s": lse_strides[1],
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
             "tile_counter": 0,  # the stream's, per launch (a Hopper kernel draws its tiles: RaggedTiles)
+            "kv_groups_per_page": kv_groups_per_page,
             **feats.values,
             **scales.values,
         }

@@ -35,7 +35,8 @@ MAX_GRID_YZ = 65535
 # benchmarks/results/prefill_experiment_d128_block_n_176.json).
 LONG_KV = 8192
 _PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p",
-               "k_descale", "v_descale", "descale_stride_h")  # (the last three: fp8 KV, paged only)
+               "k_descale", "v_descale", "descale_stride_h",  # (these three: fp8 KV, paged only)
+               "kv_groups_per_page")
 
 
 @dataclass(frozen=True)

@@ -262,6 +262,36 @@ def test_d256_pages_run_on_the_kernel_built(rt, page):
     assert families == {HOPPER if has_hopper else PORTABLE}, families
 
 
+def _rehomed(x: torch.Tensor, pool: str, which: int) -> torch.Tensor:
+    """x's pages (dim 0) in another allocation, NaN around them: K and V pages interleaved in one cache ([pages, 2,
+    ...], x at `which`: the page stride twice the pages' rows) or pages padded by 64 elements."""
+    n, per = x.shape[0], x[0].numel()
+    if pool == "kv_interleaved":
+        view = torch.full((n, 2, *x.shape[1:]), float("nan"), dtype=x.dtype, device=x.device)[:, which]
+    else:
+        view = torch.full((n * (per + 64),), float("nan"), dtype=x.dtype, device=x.device).as_strided(
+            x.shape, (per + 64, *x.stride()[1:]))
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.parametrize("pool", ["kv_interleaved", "page_padded"])
+@pytest.mark.parametrize("D,page,layout", [(128, 16, "NHD"), (128, 64, "HND"), (64, 32, "NHD"), (256, 16, "NHD")])
+def test_pools_of_other_page_strides(rt, pool, D, page, layout):
+    """Pools of other page strides: K and V pages interleaved in one cache (twice a page's rows apart) and pages
+    padded by 64 elements, NaN between the pages, against the fp32 reference. D128's 176-key tile (max_seqlen_kv
+    4200) walks the first by its groups of 8 rows and the second page by page (no whole number of 8 token strides:
+    one copy an 8-row group); the other tiles copy a column chunk of a box at a time from either."""
+    gen = torch.Generator(device="cuda").manual_seed(800 + D + page)
+    seqs = [(1, 1000), (300, 700), (4, 130), (0, 33), (129, 129), (81, 2 * page + 79), (600, 4200)]
+    b, step, io = PagedBatch.of(seqs, page, 16, 4, D, "bf16", layout, gen)
+    b.cache.k, b.cache.v = _rehomed(b.cache.k, pool, 0), _rehomed(b.cache.v, pool, 1)
+    b.cache.poison(POISON)
+    skip_without_kernel(lambda: b.attend(rt, io, b.metadata(step), lse=io.lse, max_seqlen_q=600,
+                                         max_seqlen_kv=4200))
+    b.check(step, io, f"{pool} D{D} page {page} {layout}")
+
+
 def test_rows_that_see_no_key(rt):
     """s_q above s_kv: the first s_q - s_kv rows see no key (O = 0, LSE = -inf); s_kv 0 with new tokens too."""
     gen = torch.Generator(device="cuda").manual_seed(100)
