@@ -273,9 +273,10 @@ def dense_as_pool(k: TensorArg, v: TensorArg, kv_layout: str, batch: int, pages_
 def _recipes(kernel, t: dict, d: AttentionShape, dtype: str) -> tuple[dict, int]:
     """TMA recipes and the kernel's kv_groups_per_page: Q (D, H_q, total_q) with a box of (64 columns, group heads,
     64 // group tokens), one GQA-packed 64-row slab (its last 64 % group rows left as they are: padding). K and V:
-    a 16-bit kernel's (kv_view row_groups) rank 5 over the pool's groups of 8 rows (_row_group_recipes); an fp8
-    pool's rank 4 over the pool, (D, page, H_kv, pages), boxes of the recipe's box_rows inside one page (the
-    family's kv_box_rows), whole e4m3 rows swizzled over a row's bytes (kv_box_cols, kv_swizzle_bytes)."""
+    a row-group kernel's (kv_view row_groups) rank 5 over the pool's groups of 8 rows (_row_group_recipes); the
+    others' rank 4 over the pool, (D, page, H_kv, pages), boxes of the recipe's box_rows inside one page (the
+    family's kv_box_rows), 64 columns a box, or an fp8 pool's whole e4m3 rows swizzled over a row's bytes
+    (kv_box_cols, kv_swizzle_bytes)."""
     tma = kernel.artifact.launch.extra["tma"]
     elem = element_bytes(dtype)
     kv_dtype = t["k_cache"].dtype
