@@ -26,13 +26,15 @@ cu_seqlens_q (any query count per sequence, 0 included); K/V in pools of pages o
 NHD [pages, P, H_kv, D] or HND [pages, H_kv, P, D]; sequence b's token t lives in page
 page_table[b, t // P] at slot t % P; seqlens_kv[b] = its full KV length (the new tokens included),
 so causal is bottom-right per sequence. One TMA box is kv_box_rows(P, block_n) = gcd(P, block_n)
-rows inside one page, a kv block block_n / that many boxes. The tiles of ROW_GROUP_TILES over 16-bit
-pools: K and V descriptors are rank 5 over the pool's groups of 8 rows, dims (64, 8, D / 64, groups, H_kv) with byte strides (token, 128,
-8 tokens, head), page p's first group at p * kv_groups_per_page (its page stride over 8 token strides),
-a box every column of its rows; where the page stride is no multiple of 8 token strides, dims
-(64, P, D / 64, H_kv, pages) and a box an 8-row group. Other tiles: rank 4, dims (D, P, H_kv, pages) with
-byte strides (token, head, page), a box 64 columns of its rows (fp8: whole e4m3 rows). A box of tokens past the sequence's end is loaded from out of the pool
-(page -1: zeros); a page id the caller put out of [0, pages) reads zeros too, never another allocation. The rows past seqlens_kv inside a
+rows inside one page, a kv block block_n / that many boxes. The tiles of ROW_GROUP_TILES over
+16-bit pools: K and V descriptors are rank 5 over the pool's groups of 8 rows, dims
+(64, 8, D / 64, groups, H_kv) with byte strides (token, 128, 8 tokens, head), page p's first group
+at p * kv_groups_per_page (its page stride over 8 token strides), a box every column of its rows;
+where the page stride is no multiple of 8 token strides, dims (64, P, D / 64, H_kv, pages) and a box
+an 8-row group. Other tiles: rank 4, dims (D, P, H_kv, pages) with byte strides (token, head, page),
+a box 64 columns of its rows (fp8: whole e4m3 rows). A box of tokens past the sequence's end is
+loaded from out of the pool (page -1: zeros); a page id the caller put out of [0, pages) reads zeros
+too, never another allocation. The rows past seqlens_kv inside a
 sequence's last page are masked out of the scores, and the kernel zeroes them in shared memory
 before the PV GEMM, so whatever the pool holds there (NaN or Inf included) cannot leak.
 
@@ -211,9 +213,9 @@ PARAMS: tuple[Param, ...] = (
     # (aotc.kernels.tile_scheduler.PersistentTiles.drawn_plan; the runtime's per-stream counters,
     # aotc.runtime.counters); 0 for the other variants
     ptr("tile_counter", 4),
-    # the paged variants of ROW_GROUP_TILES (tma_recipe's kv_view "row_groups"): the pool's page stride in strides of 8 rows, the
-    # row-group coordinate of a page's first 8 rows (0: no whole number of them, one copy an 8-row group from its
-    # page); 0 for the other variants
+    # the paged variants of ROW_GROUP_TILES (tma_recipe's kv_view "row_groups"): the pool's page stride in strides
+    # of 8 rows, the row-group coordinate of a page's first 8 rows (0: no whole number of them, one copy an 8-row
+    # group from its page); 0 for the other variants
     Param("kv_groups_per_page", "i32"),
 )
 

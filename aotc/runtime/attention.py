@@ -316,13 +316,13 @@ def _groups_per_page(d: AttentionShape) -> int:
     page needs no page stride: its groups are P / 8."""
     if d.pages == 1:
         return d.page // 8
-    found = set()
+    per_page = []
     for page_s, tok_s, _ in (d.k_strides, d.v_strides):
         if tok_s <= 0 or page_s <= 0 or page_s % (8 * tok_s):
             return 0
-        found.add(page_s // (8 * tok_s))
-    (per_page,) = found if len(found) == 1 else (0,)
-    return per_page if per_page * d.pages <= _MAX_ROW_GROUPS else 0
+        per_page.append(page_s // (8 * tok_s))
+    k, v = per_page
+    return k if k == v and k * d.pages <= _MAX_ROW_GROUPS else 0
 
 
 def _row_group_recipes(tma: dict, d: AttentionShape, kv_dtype: str) -> tuple[dict, int]:
