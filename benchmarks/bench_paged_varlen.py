@@ -21,6 +21,11 @@ rotated order for --rounds rounds (benchmarks/timing.py);
   ..., 14336, the longest last). aotc_tflops = 4 * D * H_q * (the keys each query row sees, summed) / time; the same FLOPs over the
   time of aotc's ragged prefill on the sequence's K/V packed contiguously (rt.prefill_ragged: dense_tflops)
   and of FA3's flash_attn_varlen_func on those packed K/V (fa3_tflops); x_dense, x_fa3 = aotc's rate over theirs.
+* suffix128_prefix30720 and suffixes4x64_prefix8192-30720: a prefix-cache hit (a new chat turn, a chunked
+  prefill's last chunk): 128 new tokens over 30720 cached, and four requests of 64 over 30720, 8192, 16384 and
+  24576; fewer GQA-packed tiles than SMs, so the paged kernel splits each tile's kv blocks (nosplit_us: the same
+  call with its splits off), against FA3 as in the chunk rows and with its own split heuristic (fa3_splits_us:
+  num_splits=0, what vLLM's FA3 backend asks for).
 * mixed_chunk2048_decode63x4096: one 2048-token chunk (prefix 0) and 63 decode rows at 4096 keys in one
   rt.attention call (aotc_us) against FA3 as two calls timed together (fa3_us: flash_attn_varlen_func for
   the chunk, flash_attn_with_kvcache for the 63 rows on dense KV [63, 4096, 8, 128] with cache_seqlens) and
@@ -104,6 +109,10 @@ CASES = (
     # chunks of several requests over unequal prefixes in one step: tiles that cost up to 17x one another
     Case("chunks4x512_prefix0-8192", "chunk", ((512, 512), (512, 4096), (512, 8704), (512, 1536))),
     Case("chunks8x256_prefix0-14336_rising", "chunk", tuple((256, 256 + 2048 * i) for i in range(8))),
+    # a prefix-cache hit: a short suffix over a long cached context (a new chat turn; a chunked prefill's last
+    # chunk): 32 GQA-packed tiles, far fewer than the SMs, each a whole context long
+    Case("suffix128_prefix30720", "chunk", ((128, 128 + 30720),)),
+    Case("suffixes4x64_prefix8192-30720", "chunk", tuple((64, 64 + p) for p in (30720, 8192, 16384, 24576))),
     Case(f"mixed_chunk{CHUNK}_decode63x4096", "mixed", ((CHUNK, CHUNK),) + ((1, 4096),) * 63),
     Case("decode_b64_4096", "decode", ((1, 4096),) * 64),
 )
@@ -387,6 +396,13 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
             facts["fp8_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     B = len(case.seqs)
     if case.kind == "chunk":
+        # the same call with the paged kernel's KV splits off (its kv_splits_max 1): what splitting a launch of
+        # fewer tiles than SMs buys (x_nosplit); elsewhere a second A/A
+        ns_out = torch.empty_like(pool.out)
+        ns = rt.prepare_attention(pool.q, pool.k, pool.v, ns_out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
+        for slot in ns.slots("kv_splits_max"):
+            slot.value = 1
+        fns["nosplit"] = lambda: (ns(pool.q, ns_out, stream=cur()), ns_out)[1]
         kp, vp, cu_kv, max_kv = pool.packed(range(B))
         d_out = torch.empty_like(pool.out)
         fns["dense"] = lambda: (rt.prefill_ragged(pool.q, kp, vp, d_out, pool.cu, cu_kv, pool.max_q, max_kv,
@@ -398,6 +414,10 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
             # and runs the same forward (_flash_attn_forward) per sequence. fa3_max_abs_err checks it.
             fns["fa3"] = lambda: _first(fa3.flash_attn_varlen_func(pool.q, kp, vp, pool.cu, cu_kv, pool.max_q,
                                                                    max_kv, causal=True, **cap))
+            # num_splits=0: FA3's own split-KV heuristic, what vLLM's FA3 backend asks for outside CUDA graphs (the
+            # wheel's varlen default, 1, never splits)
+            fns["fa3_splits"] = lambda: _first(fa3.flash_attn_varlen_func(
+                pool.q, kp, vp, pool.cu, cu_kv, pool.max_q, max_kv, causal=True, num_splits=0, **cap))
     elif case.kind == "mixed":  # sequence 0 the chunk, then B - 1 decode rows
         c = pool.cu_list[1]
         q_c, q_d = pool.q[:c], pool.q[c:].view(B - 1, 1, H_Q, D)
@@ -552,6 +572,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline-bundle", action="append", default=[],
                     help="time the same rt.attention call through this bundle's kernels too (repeat: base, base2, ...; "
                          "x_base = base_us / aotc_us)")
+    ap.add_argument("--case", action="append", choices=[c.name for c in CASES],
+                    help="only these cases (repeatable; default all), and no host rows")
     ap.add_argument("--model", choices=sorted(MODELS), default="llama",
                     help="the attention shape and score features (MODELS; default llama: D 128, H 32/8)")
     args = ap.parse_args(argv)
@@ -572,7 +594,7 @@ def main(argv: list[str] | None = None) -> None:
     flush_buf = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     rows = []
     for seed, case in enumerate(CASES):
-        if args.quick and case.name in QUICK_SKIPS:
+        if (args.quick and case.name in QUICK_SKIPS) or (args.case and case.name not in args.case):
             continue
         try:
             row = run_case(rt, fa3, case, seed + 1, rounds, flush_buf.zero_, args.fp8, model, bases)
@@ -581,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(json.dumps(rounded(row)), flush=True)
         torch.cuda.empty_cache()
-    if model.name == "llama":
+    if model.name == "llama" and not args.case:
         rows += host_rows(rt, fa3, calls, seed=100)
     result = {**result_header("benchmarks/bench_paged_varlen.py", sys.argv[1:] if argv is None else argv),
               "fa3": dist_version("fa3-fwd") if fa3 is not None else None,
@@ -600,14 +622,15 @@ def main(argv: list[str] | None = None) -> None:
 def print_table(rows: list[dict]) -> None:
     nan = float("nan")
     print(f"{'case':<34} {'aotc us':>9} {'rate':>8} {'aa x':>6} {'x dense':>7} {'x 2call':>7} {'x decode':>8} "
-          f"{'x fa3':>6} {'x fp8':>6} {'x base':>6} {'max err':>8}")
+          f"{'x fa3':>6} {'x fa3s':>6} {'x fp8':>6} {'x base':>6} {'max err':>8}")
     for r in rows:
         if r["kind"] == "host" or "error" in r:
             continue
         rate = r.get("aotc_tflops", r.get("aotc_TBps", nan))
         print(f"{r['case']:<34} {r.get('aotc_us', nan):>9.1f} {rate:>8.2f} {r.get('x_aa', nan):>6.3f} "
               f"{r.get('x_dense', nan):>7.3f} {r.get('x_two_calls', nan):>7.3f} {r.get('x_decode', nan):>8.3f} "
-              f"{r.get('x_fa3', nan):>6.3f} {r.get('x_fp8', nan):>6.3f} {r.get('x_base', nan):>6.3f} "
+              f"{r.get('x_fa3', nan):>6.3f} {r.get('x_fa3_splits', nan):>6.3f} {r.get('x_fp8', nan):>6.3f} "
+              f"{r.get('x_base', nan):>6.3f} "
               f"{r.get('aotc_max_abs_err', nan):>8.1e}")
     for r in rows:
         if r["kind"] == "host":

@@ -49,3 +49,13 @@ def stream_counters():
     """A fake runtime's tile_counters (aotc.runtime.counters): each stream's counter at COUNTERS + stream, an
     address that names the stream in a recorded launch's tile_counter."""
     return SimpleNamespace(reserve=lambda device: None, get=lambda device, stream: COUNTERS + stream)
+
+
+SPLITS = 1 << 41
+
+
+def split_arena():
+    """A fake runtime's split_workspaces (aotc.runtime.workspace.WorkspaceArena): one buffer at SPLITS, exactly
+    as large as a plan asks (its partials at the front, its counters at the back)."""
+    return SimpleNamespace(take=lambda device, partials, counters: SimpleNamespace(ptr=SPLITS,
+                                                                                   nbytes=partials + counters))

@@ -33,7 +33,7 @@ from aotc.runtime import tensor
 from aotc.runtime.prefill import PrefillPlan
 from aotc.runtime.tensors import TensorArg
 from aotc.runtime.validate import packed_strides
-from recorded_launch import COUNTERS, record_launches, stream_counters
+from recorded_launch import COUNTERS, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel as paged_kernel
 from test_runtime_attention_plan import RecordingSlot
 from test_runtime_workspace import DecodeRuntime
@@ -134,6 +134,7 @@ class AttentionRuntime:
         self.plans = {}
         self.workspaces = DecodeRuntime().workspaces
         self.tile_counters = stream_counters()
+        self.split_workspaces = split_arena()
 
     def device(self):
         return 0

@@ -43,7 +43,8 @@ def fake_kernel(head_dim: int, page: int, block_n: int, kv_dtype: str = "bf16"):
     v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=f"paged{page}",
                      causal=True, block_n=block_n, kv_dtype=kv_dtype)
     assert get_family("sdpa_prefill_sm90").why_invalid(dict(v.fields)) is None
-    launch = SimpleNamespace(extra={"tma": tma_recipe(v, block_n), "draws_tiles": draws_tiles(v)})
+    launch = get_family("sdpa_prefill_sm90").launch(v)  # its recorded facts: the TMA recipe, block_m, draws_tiles
+    assert launch.extra["tma"] == tma_recipe(v, block_n) and launch.extra["draws_tiles"] == draws_tiles(v)
     return SimpleNamespace(variant=v, artifact=SimpleNamespace(launch=launch))
 
 

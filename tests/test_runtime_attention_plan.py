@@ -9,10 +9,10 @@ import pytest
 
 import aotc.runtime.attention as A
 from aotc.common.errors import ArgumentError
-from aotc.families.sdpa_prefill_sm90 import PARAMS
+from aotc.families.sdpa_prefill_sm90 import MAX_KV_SPLITS, PARAMS, split_workspace_bytes
 from aotc.runtime import tensor
 from aotc.runtime.validate import packed_strides
-from recorded_launch import record_launches, stream_counters
+from recorded_launch import SPLITS, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel
 
 H, H_KV, D, B = 8, 2, 128, 3
@@ -36,6 +36,7 @@ class FakeRuntime:
     def __init__(self):
         self.plans = {}
         self.tile_counters = stream_counters()
+        self.split_workspaces = split_arena()
 
     def device(self):
         return 0
@@ -299,3 +300,21 @@ def test_the_key_scalars_are_checked_before_they_are_hashed(launches, name, bad)
         A.attention(FakeRuntime(), q, k, v, o, cu, sl, pt, **{name: bad})
     assert e.value.name == name
     assert not launches
+
+
+def test_the_paged_kernel_gets_its_kv_split_workspace(launches):
+    """The paged kernel's KV splits: a buffer of the runtime's split arena sized for the grid's CTAs
+    (split_workspace_bytes), the partials at its front and the counters at its back, at most MAX_KV_SPLITS a
+    tile; a q (a per-call input) inside that buffer, which the kernel writes, is refused before any launch."""
+    rt = FakeRuntime()
+    q, k, v, o, cu, sl, pt, _ = step(10)
+    A.attention(rt, q, k, v, o, cu, sl, pt)
+    partials, counters = split_workspace_bytes(132, 128, D)  # the fake kernel's tile: block_m 128
+    got = launches[-1]
+    assert (got["split_partials"], got["split_counters"]) == (SPLITS, SPLITS + partials)
+    assert got["kv_splits_max"] == MAX_KV_SPLITS and counters == 132 * 2 * 4
+    n = len(launches)
+    inside = tensor(SPLITS + 4096, q.shape, q.strides, "bf16")
+    with pytest.raises(ArgumentError, match="split_workspace"):
+        A.attention(rt, inside, k, v, o, cu, sl, pt)
+    assert len(launches) == n

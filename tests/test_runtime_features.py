@@ -18,7 +18,7 @@ from aotc.families.features import FEATURE_PARAMS, FEATURES
 from aotc.families.sdpa_prefill_sm90 import PARAMS
 from aotc.runtime import tensor
 from aotc.runtime.features import check_features, feature_scalars
-from recorded_launch import stream_counters
+from recorded_launch import split_arena, stream_counters
 from test_runtime_attention import fake_kernel
 from test_runtime_attention_plan import GAP, H, D, launches, step  # noqa: F401 (launches: a fixture)
 
@@ -34,17 +34,18 @@ def test_every_attention_family_has_the_three_fields_and_parameters(family):
     # the attention families' parameter lists depend on the variant only for the portable family's paged
     # layouts (their own list); sdpa_decode's, sdpa_prefill_sm90's and the portable paged list have the fp8 KV
     # scales after them (aotc.families.kv_dtype), and sdpa_prefill_sm90's then its tile counter
-    # (aotc.runtime.counters)
+    # (aotc.runtime.counters), the row groups' page stride and the KV splits' workspace
     variants = ([SimpleNamespace()] if family != "sdpa_prefill" else
                 [Variant.make("sdpa_prefill", "sm_90", dtype="bf16", head_dim=128, layout=layout, causal=True,
                               strides="general") for layout in ("dense", "ragged", "paged16", "paged128")])
     for v in variants:
         paged = family == "sdpa_prefill" and v["layout"].startswith("paged")
-        after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 5}.get(family, 3 if paged else 0)
+        after = {"sdpa_decode": 3, "sdpa_prefill_sm90": 8}.get(family, 3 if paged else 0)
         params = fam.params(v)
         assert params[len(params) - after - 3:len(params) - after] == FEATURE_PARAMS
     if family == "sdpa_prefill_sm90":
-        assert [p.name for p in fam.params(SimpleNamespace())[-2:]] == ["tile_counter", "kv_groups_per_page"]
+        assert [p.name for p in fam.params(SimpleNamespace())[-5:]] == [
+            "tile_counter", "kv_groups_per_page", "split_partials", "split_counters", "kv_splits_max"]
     assert [p.name for p in FEATURE_PARAMS] == ["sinks", "window_left", "softcap"]
 
 
@@ -125,6 +126,7 @@ class FeatureRuntime:
     def __init__(self, have: dict):
         self.plans = {}
         self.tile_counters = stream_counters()
+        self.split_workspaces = split_arena()
         self.have = have
         self.asked = []
 

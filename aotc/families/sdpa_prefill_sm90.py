@@ -217,7 +217,37 @@ PARAMS: tuple[Param, ...] = (
     # of 8 rows, the row-group coordinate of a page's first 8 rows (0: no whole number of them, one copy an 8-row
     # group from its page); 0 for the other variants
     Param("kv_groups_per_page", "i32"),
+    # the paged variants' KV splits (kv_splits): a tile's kv blocks shared by up to kv_splits_max CTAs, their fp32
+    # partials in split_partials and arrivals counted in split_counters (int32, 0 at launch and left 0), of
+    # split_workspace_bytes(); 0 for the other variants (and kv_splits_max 0 or 1: no split)
+    ptr("split_partials", 16), ptr("split_counters", 4), Param("kv_splits_max", "i32"),
 )
+
+# Paged KV splits. A step of few new tokens over long contexts (a prefix-cache hit's short suffix, a chunked
+# prefill's last chunk) has fewer GQA-packed tiles than SMs, each a whole context long: 128 tokens of Llama 3 8B
+# make 32 tiles for 132 SMs. The kernel then splits each tile's kv blocks over S CTAs, S = the CTAs over the tiles
+# (one wave), at most kv_splits_max and at most a tile's blocks over MIN_SPLIT_BLOCKS; each split writes its
+# normalized O and LSE (fp32) to the workspace and the last of a tile's splits to arrive merges them in the same
+# launch (no second kernel), as the decode family's split chunks do.
+MAX_KV_SPLITS = 16
+MIN_SPLIT_BLOCKS = 8  # the fewest kv blocks a split takes: a split's start and merge cost a few blocks' time
+
+
+def kv_split_range(n_min, n_max, split, splits):
+    """(lo, hi): the kv blocks [lo, hi) of split `split` of `splits` over a tile's blocks [n_min, n_max): split 0
+    the highest (the diagonal's masked blocks), every split within one block of the others' length and none
+    empty while n_max - n_min >= splits. Plain integer arithmetic: the kernel runs it on its Int32s."""
+    n = n_max - n_min
+    return n_min + n * (splits - 1 - split) // splits, n_min + n * (splits - split) // splits
+
+
+def split_workspace_bytes(ctas: int, block_m: int, head_dim: int) -> tuple[int, int]:
+    """(partials, counters) bytes of the KV splits' workspace of a launch of `ctas` CTAs: a split runs on one CTA,
+    and S * tiles <= CTAs, so a slot a CTA: each consumer thread's O fragment (block_m * head_dim fp32 a CTA) and
+    its rows' LSEs (two a thread), and an arrival counter per (tile, consumer warpgroup)."""
+    warpgroups = block_m // Q_BOX_ROWS
+    partials = ctas * (block_m * head_dim + 2 * WARPGROUP * warpgroups) * 4
+    return partials, ctas * warpgroups * 4
 
 ARCHS = ("sm_90a",)
 # fp8 KV: (head dim, block_n) -> the tile. The conversion warps of the producer warpgroup need registers the

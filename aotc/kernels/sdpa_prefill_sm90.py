@@ -21,7 +21,9 @@ Ragged and paged calls enumerate their tiles from the device-side lengths instea
 most keys first, each sequence's tiles in head sections whose K/V fit L2, longest first), and every CTA draws
 each tile after its first from the runtime's counter once its producer has issued the current tile's loads
 (tile_scheduler.RaggedTiles: unpaged_ragged_tile, paged_tile, draw_next; the producer locates each tile and
-hands it to the other warps whole, publish_tile/take_tile).
+hands it to the other warps whole, publish_tile/take_tile). A paged launch of fewer tiles than CTAs splits each
+tile's kv blocks over several CTAs (KV splits: item_kv_range, tile_splits), whose fp32 partials the last split of
+a tile to arrive merges in its epilogue (split_arrive, merge_splits).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
@@ -70,9 +72,9 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, Tile, draws_tiles, kv_box_rows, kv_fp8,
-                                          launch_facts, page_size, registers_after_setmaxnreg,
-                                          why_registers_do_not_fit)
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_tiles,
+                                          kv_box_rows, kv_fp8, kv_split_range, launch_facts, page_size,
+                                          registers_after_setmaxnreg, why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import row_group_kv
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
@@ -81,7 +83,7 @@ from .hopper import acc_mn_view, acc_to_a_operand, gemm, smem_layout, store_conv
 from .mask import (kv_block_range, kv_blocks_for_queries, kv_loop_segments, mask_columns, mask_columns_between, mask_row,
                    score_limits)
 from .seqlen import seq_bounds
-from .softmax import (LOG2_E, NEG_INF, ScoreScale, capped_softmax_row, normalize_rows, rescale_rows, softcap_row,
+from .softmax import (LN_2, LOG2_E, NEG_INF, ScoreScale, capped_softmax_row, normalize_rows, rescale_rows, softcap_row,
                       softmax_row,
                       store_lse_rows)
 from .tile_scheduler import SORT_SCRATCH_WORDS, PersistentTiles, RaggedTiles, draw_tile, settle_draw
@@ -174,8 +176,9 @@ class SdpaPrefillSm90:
         # dense causal D128/D256, the tail's, longest first (PersistentTiles.drawn_plan)
         self.draws_tiles = draws_tiles(variant)
         if not (self.SCRATCH_BYTES + 16 * n_wg <= 4 * self.SORT_SCRATCH
-                and 4 * (self.SORT_SCRATCH + SORT_SCRATCH_WORDS) <= 4 * self.TILE_RECORD):
-            raise ValueError(f"{variant.name}: the sort scratch overlaps the fp8 scratch or the tile record")
+                and self.SPLIT_FLAGS + n_wg <= self.SPLIT_WORDS and self.SPLIT_WORDS + 2 <= self.TILE_RECORD):
+            raise ValueError(f"{variant.name}: the sort scratch or the split flags overlap the fp8 scratch or the tile "
+                             f"record")
         if self.paged:
             # rows of one K/V TMA box (kv_box_rows): a whole page, a block inside one page, or, where neither
             # divides the other (D256's 80 keys over pages of 32-128), 16 rows inside one page
@@ -238,7 +241,8 @@ class SdpaPrefillSm90:
         kv = cutlass.Uint8 if self.fp8 else self.dtype
         return {"tma_q": self.dtype, "tma_k": kv, "tma_v": kv, "o": self.dtype, "lse": Float32,
                 "cu_seqlens_q": Int32, "cu_seqlens_kv": Int32, "page_table": Int32, "seqlens_kv": Int32,
-                "sinks": Float32, "k_descale": Float32, "v_descale": Float32, "tile_counter": Int32}
+                "sinks": Float32, "k_descale": Float32, "v_descale": Float32, "tile_counter": Int32,
+                "split_partials": Float32, "split_counters": Int32}
 
     def launch_facts(self):
         return launch_facts(self.variant, self.tile)
@@ -251,6 +255,12 @@ class SdpaPrefillSm90:
     TILE_RECORD = BARRIER_BYTES // 4 - TILE_WORDS
     TILE_SLOT = BARRIER_BYTES // 8 - 1  # dense causal: a drawn tile's index, the barrier block's last 8 bytes
     SORT_SCRATCH = 576 // 4  # RaggedTiles.sorted's words: past fp8's scratch (SCRATCH_BYTES), before the tile record
+    # paged KV splits: a consumer warpgroup's "my split arrived last" flag (split_arrive), one word each past the sort
+    # scratch, then the split words of the last two tiles published (publish_tile), before the tile record. The
+    # consumers read a tile's split word there in its epilogue: kept in a register across the kv loop, that one
+    # more live value moved ptxas's schedule of the soft-capped loop (its tanhs after the PV wait)
+    SPLIT_FLAGS = SORT_SCRATCH + SORT_SCRATCH_WORDS
+    SPLIT_WORDS = SPLIT_FLAGS + 3
 
     def k_full(self, s):
         return 2 + s
@@ -344,6 +354,24 @@ class SdpaPrefillSm90:
         q_last = cutlass.min(q_first + tokens, s_q) - 1
         return kv_blocks_for_queries(q_first, q_last, s_q, s_kv, self.bn, self.causal, self.window, window_left)
 
+    # Paged KV splits (MAX_KV_SPLITS in aotc.families.sdpa_prefill_sm90): a work item is split `split` of a tile whose
+    # kv blocks `splits` CTAs share, told to every taker in one word of the tile record (split_word: split, splits,
+    # and where splits > 1 the item index of the tile's split 0, whose counters and partial slots it names)
+    @cute.jit
+    def item_kv_range(self, kv_range, word):
+        """kv_range (paged_kv_range) cut to the item's split: (lo, hi, n_mask_min, n_left_end) with the mask bounds
+        clamped into [lo, hi], so kv_loop_segments' segments stay inside the split's blocks."""
+        n_min, n_max, n_mask_min, n_left_end = kv_range
+        lo, hi = kv_split_range(n_min, n_max, word & 255, (word >> 8) & 255)
+        return (lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi))
+
+    @cute.jit
+    def tile_splits(self, kv_range, splits):
+        """The CTAs a tile's blocks go to: the launch's `splits`, at most its blocks over MIN_SPLIT_BLOCKS, at
+        least 1."""
+        n_min, n_max, _, _ = kv_range
+        return cutlass.max(cutlass.min(splits, (n_max - n_min) // MIN_SPLIT_BLOCKS), Int32(1))
+
     # Drawn tiles (RaggedTiles; PersistentTiles.drawn_plan): the producer puts each tile into the tile record once
     # every taker (each consumer warp, and fp8 KV's conversion warps) took the one before, and arrives on tile_full;
     # each taker reads it and its lane 0 arrives on tile_empty (mbarriers: the takers never wait for each other).
@@ -353,14 +381,19 @@ class SdpaPrefillSm90:
     # of the dense kv loops, the soft-capped loop's tanhs no longer under the PV GEMM).
 
     @cute.jit
-    def publish_tile(self, bars, handoff, words):
-        """Producer warp: the words (int32, at most TILE_WORDS) into the tile record (its lane 0 writes)."""
+    def publish_tile(self, bars, handoff, words, split_word=None):
+        """Producer warp: the words (int32, at most TILE_WORDS) into the tile record (its lane 0 writes); paged, the
+        tile's split word also into its SPLIT_WORDS slot (handoff's parity), which stays until the tile after next is
+        published: after every consumer took the next tile, so after this one's epilogue."""
         record = self.shared_words(bars, self.TILE_RECORD, self.TILE_WORDS)
+        split_words = self.shared_words(bars, self.SPLIT_WORDS, 2)
         full = bars + self.tile_full()
         cute.arch.mbarrier_wait(bars + self.tile_empty(), (handoff & 1) ^ 1)  # a fresh barrier passes parity 1
         if cute.arch.lane_idx() == 0:
             for i, w in enumerate(words):
                 record[i] = Int32(w)
+            if cutlass.const_expr(split_word is not None):
+                split_words[handoff & 1] = split_word
             cute.arch.mbarrier_arrive(full)
 
     @cute.jit
@@ -500,16 +533,17 @@ class SdpaPrefillSm90:
         """16-bit paged, a producer warp past warp 0: its share of K's or V's boxes (issue_kv_share from box
         `first`) over every tile that warp 0 publishes."""
         g0 = Int32(0)
-        valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, 0, 7)
+        valid, kv_head, m_block, q_start, s_q, s_kv, bidx, word = self.take_tile(bars, 0, 8)
         handoff = Int32(1)
         while valid != 0:
-            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+            n_min, n_max, _, _ = self.item_kv_range(self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left),
+                                                    word)
             tile = SimpleNamespace(s_kv=s_kv, kv_head=kv_head, page_table=page_table,
                                    pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
                                    kv_groups_per_page=kv_groups_per_page)
             self.issue_kv_share(tma, base, full, empty, bars, tile, n_max, n_max - n_min, g0, first)
             g0 = g0 + (n_max - n_min)
-            valid, kv_head, m_block, q_start, s_q, s_kv, bidx = self.take_tile(bars, handoff, 7)
+            valid, kv_head, m_block, q_start, s_q, s_kv, bidx, word = self.take_tile(bars, handoff, 8)
             handoff = handoff + 1
 
     @cute.jit
@@ -857,13 +891,21 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def epilogue(self, ctx, o, wg_index):
-        """O = acc / rowsum -> smem (this warpgroup's Q slab) -> 128-bit stores of rows < S_q; LSE."""
+        """O = acc / rowsum and the rows' LSE, then (store_o) O and LSE out; paged KV splits (split_word's splits >
+        1): the split's O and LSE to the workspace, and only the split arriving last merges and stores."""
         acc_O = ctx.acc_O
         row_max = ctx.row_max
         row_sum = ctx.row_sum
         n_rows = cute.size(row_max)
         O_mn = acc_mn_view(acc_O)
         lse_r = cute.make_rmem_tensor((n_rows,), Float32)
+        split = Int32(0)
+        splits = Int32(1)
+        word = Int32(0)
+        if cutlass.const_expr(self.paged):
+            word = self.shared_words(ctx.bars, self.SPLIT_WORDS, 2)[ctx.q_count & 1]
+            split = word & 255
+            splits = (word >> 8) & 255
         sink_log2 = None
         if cutlass.const_expr(self.sinks):
             sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
@@ -871,12 +913,115 @@ class SdpaPrefillSm90:
                 if cutlass.const_expr(self.paged):  # packed row r: its own query head
                     _, head = self.packed_token(ctx, ctx.local0 + ctx.cS_mn[r, 0][0])
                     sink_log2[r] = ctx.sinks[head] * Float32(LOG2_E)
+                    if split != 0:  # the sink joins one split's softmax, so the merge counts it once
+                        sink_log2[r] = Float32(NEG_INF)
                 else:
                     sink_log2[r] = ctx.sinks[ctx.head] * Float32(LOG2_E)
         if cutlass.const_expr(self.fp8):  # O over v_fp8: times the V scale
             acc_O.store(acc_O.load() * ctx.v_scale)
         normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
+        stores = Int32(1)
+        if cutlass.const_expr(self.paged):
+            if splits > 1:
+                item0 = (word >> 16) & 0xFFFF
+                stores = self.split_arrive(acc_O, ctx.wg_tid, ctx.bars, ctx.split_partials, ctx.split_counters,
+                                           wg_index, split, splits, item0, lse_r)
+                if stores != 0:
+                    self.merge_splits(acc_O, ctx.wg_tid, ctx.split_partials, wg_index, splits, item0, lse_r)
+        self.store_o(ctx, o, wg_index, lse_r, stores)
 
+    def split_slot(self, acc_O, item, wg_index):
+        """The float offset of a warpgroup's partial of work item `item` in split_partials: per consumer thread,
+        its O fragment (two rows of an m64 wgmma accumulator) in 16-byte vectors, row by row (vector v of thread t at
+        v * 128 + t), then its two rows' LSEs (row r's at r * 128 + t);
+        aotc.families.sdpa_prefill_sm90.split_workspace_bytes sizes it."""
+        frag = cute.size(acc_O)
+        return Int64(item * self.n_wg + wg_index) * Int64(_WG * (frag + 2))
+
+    @cute.jit
+    def split_arrive(self, acc_O, t, bars, ws, counters, wg_index, split, splits, item0, lse_r):
+        """Paged KV split: this warpgroup's O (normalized, fp32) and LSE to its slot, then a ticket from the
+        (tile, warpgroup) counter: 1 for the split arriving last, which resets the counter (the launch leaves every
+        counter 0), else 0. The barrier orders every thread's partial stores before thread 0's gpu-scope acq_rel
+        atomic (release is cumulative); the second passes its acquire on, so the last split reads the others'
+        partials (the decode family's split_arrive, per warpgroup)."""
+        frag = cute.size(acc_O)
+        n_rows = cute.size(lse_r)
+        O_mn = acc_mn_view(acc_O)
+        n_cols = frag // n_rows
+        base = self.split_slot(acc_O, item0 + split, wg_index)
+        vec = cute.make_rmem_tensor((4,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            for k in cutlass.range_constexpr(n_cols // 4):
+                for e in cutlass.range_constexpr(4):
+                    vec[e] = O_mn[r, 4 * k + e]
+                off = base + Int64(((r * (n_cols // 4) + k) * _WG + t) * 4)
+                cute.make_tensor(ws + cute.assume(off, divby=4), cute.make_layout(4)).store(vec.load())
+        for r in cutlass.range_constexpr(n_rows):
+            ws[base + Int64(frag * _WG + r * _WG + t)] = lse_r[r]
+        flags = self.shared_words(bars, self.SPLIT_FLAGS, self.n_wg)
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
+        if t == 0:
+            idx = Int64(item0) * Int64(self.n_wg) + Int64(wg_index)
+            ticket = cute.arch.atomic_add(counters + idx, Int32(1), sem="acq_rel", scope="gpu")
+            flag = Int32(0)
+            if ticket == splits - 1:
+                # every split arrived: nothing else touches the counter in this launch, and the next launch
+                # (stream-ordered) sees the 0
+                cute.make_tensor(counters + idx, cute.make_layout(1))[0] = Int32(0)
+                flag = Int32(1)
+            flags[wg_index] = flag
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
+        return flags[wg_index]
+
+    @cute.jit
+    def merge_splits(self, acc_O, t, ws, wg_index, splits, item0, lse_r):
+        """The last split of a tile, per thread over its own fragment: O = sum_j exp(lse_j - m) O_j / L with L =
+        sum_j exp(lse_j - m), m the largest lse_j, LSE = m + log L, every split's O_j and lse_j read back from its
+        slot (this one's too) and added in split order, so the bits do not depend on which split arrived last. A
+        split whose row saw no key has O_j = 0, lse_j = -inf (weight 0); no split that did: O = 0, LSE = -inf."""
+        O_mn = acc_mn_view(acc_O)
+        frag = cute.size(acc_O)
+        n_rows = cute.size(lse_r)
+        m = cute.make_rmem_tensor((n_rows,), Float32)
+        m.fill(NEG_INF)
+        for j in cutlass.range(splits, unroll=1):
+            base = self.split_slot(acc_O, item0 + j, wg_index)
+            for r in cutlass.range_constexpr(n_rows):
+                m[r] = cute.arch.fmax(m[r], ws[base + Int64(frag * _WG + r * _WG + t)])
+        for r in cutlass.range_constexpr(n_rows):
+            if m[r] == Float32(NEG_INF):  # no split saw a key: every weight 0
+                m[r] = Float32(0.0)
+        total = cute.make_rmem_tensor((n_rows,), Float32)
+        total.fill(0.0)
+        acc_O.fill(0.0)
+        n_cols = frag // n_rows
+        vec = cute.make_rmem_tensor((4,), Float32)
+        for j in cutlass.range(splits, unroll=1):
+            base = self.split_slot(acc_O, item0 + j, wg_index)
+            for r in cutlass.range_constexpr(n_rows):
+                w = cute.math.exp2((ws[base + Int64(frag * _WG + r * _WG + t)] - m[r]) * Float32(LOG2_E),
+                                   fastmath=True)
+                total[r] = total[r] + w
+                for k in cutlass.range_constexpr(n_cols // 4):
+                    off = base + Int64(((r * (n_cols // 4) + k) * _WG + t) * 4)
+                    cute.autovec_copy(cute.make_tensor(ws + cute.assume(off, divby=4), cute.make_layout(4)), vec)
+                    for e in cutlass.range_constexpr(4):
+                        O_mn[r, 4 * k + e] = O_mn[r, 4 * k + e] + vec[e] * w
+        for r in cutlass.range_constexpr(n_rows):
+            inv = Float32(0.0)
+            lse_r[r] = Float32(NEG_INF)
+            if total[r] > Float32(0.0):
+                inv = cute.arch.rcp_approx(total[r])
+                lse_r[r] = m[r] + cute.math.log2(total[r], fastmath=True) * Float32(LN_2)
+            O_mn[r, None].store(O_mn[r, None].load() * inv)
+
+    @cute.jit
+    def store_o(self, ctx, o, wg_index, lse_r, stores):
+        """O (normalized) -> smem (this warpgroup's Q slab) -> 128-bit stores of rows < S_q; LSE. Paged: none where
+        stores is 0 (a KV split that did not arrive last; it still goes through the slab's barriers)."""
+        acc_O = ctx.acc_O
+        n_rows = cute.size(lse_r)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         sO = ctx.sO_wg  # this warpgroup's O staging slab (its Q slab when there is no room for one)
@@ -907,9 +1052,12 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(self.paged):
             # the slab's packed rows are (query token, query head) pairs (packed_token)
             thr_row = s2g_thr.partition_S(cO)[0][0]
+            row_lim = ctx.s_q
+            if stores == 0:
+                row_lim = Int32(0)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 tok, head = self.packed_token(ctx, thr_row + t0OcO[0, m, 0][0])
-                if tok < ctx.s_q:
+                if tok < row_lim:
                     off = Int64(ctx.q_start + tok) * o_ss + Int64(head) * cute.assume(ctx.o_sh, divby=VEC)
                     # a row-stride-0 view: the thread's row coordinate drops out of its partition
                     g_row = cute.make_tensor(o + cute.assume(off, divby=VEC),
@@ -919,7 +1067,7 @@ class SdpaPrefillSm90:
                 if ctx.lane % 4 == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         tok, head = self.packed_token(ctx, ctx.local0 + ctx.cS_mn[r, 0][0])
-                        if tok < ctx.s_q:
+                        if tok < row_lim:
                             ctx.lse[Int64(head) * ctx.lse_sh + Int64(ctx.q_start + tok) * ctx.lse_ss] = lse_r[r]
         else:
             o_lim = ctx.s_q - row_base - s2g_thr.partition_S(cO)[0][0]
@@ -939,6 +1087,8 @@ class SdpaPrefillSm90:
         block."""
         n_min, n_max, n_mask_min, n_left_end = kv_range
         n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
+        if cutlass.const_expr(self.paged):
+            tile.q_count = q_count  # the tile's handoff: its split word's slot (epilogue)
         tile.acc_O.fill(0.0)
         tile.row_max.fill(NEG_INF)
         tile.row_sum.fill(0.0)
@@ -1066,7 +1216,7 @@ class SdpaPrefillSm90:
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
         k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
-        kv_groups_per_page: Int32,
+        kv_groups_per_page: Int32, split_partials: cute.Pointer, split_counters: cute.Pointer, kv_splits_max: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         first_tile, _, _ = cute.arch.block_idx()
@@ -1131,35 +1281,51 @@ class SdpaPrefillSm90:
                     handoff = Int32(0)
                     n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv,
                                                       min_seqlen_q, tidx)
+                    # KV splits: fewer tiles than CTAs share their blocks out, one wave of items (item r: split
+                    # r % splits of tile r // splits; a tile's splits past tile_splits() are skipped)
+                    splits = Int32(1)
+                    if n_tiles > 0 and n_tiles < n_ctas:
+                        splits = cutlass.max(cutlass.min(n_ctas // n_tiles, kv_splits_max), Int32(1))
+                    n_items = n_tiles * splits
                     r = first_tile
-                    while r < n_tiles:
-                        bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
-                        self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv, bidx))
-                        handoff = handoff + 1
-                        n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
-                        tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
-                                               slab_tokens=slab_tokens, page_table=page_table,
-                                               pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
-                                               kv_groups_per_page=kv_groups_per_page)
-                        self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
-                                            q_count)
-                        g0 = g0 + (n_max - n_min)
-                        q_count = q_count + 1
-                        r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
+                    while r < n_items:
+                        t_idx = r // splits
+                        split = r - t_idx * splits
+                        bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(t_idx, tidx, *paged_args)
+                        kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+                        tile_splits = self.tile_splits(kv_range, splits)
+                        if split < tile_splits:
+                            word = split + (tile_splits << 8)
+                            if tile_splits > 1:
+                                word = word + ((r - split) << 16)
+                            record = (1, kv_head, m_block, q_start, s_q, s_kv, bidx, word)
+                            self.publish_tile(bars, handoff, record, word)
+                            handoff = handoff + 1
+                            n_min, n_max, _, _ = self.item_kv_range(kv_range, word)
+                            tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
+                                                   slab_tokens=slab_tokens, page_table=page_table,
+                                                   pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+                                                   kv_groups_per_page=kv_groups_per_page)
+                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
+                                                q_count)
+                            g0 = g0 + (n_max - n_min)
+                            q_count = q_count + 1
+                        r = self.draw_next(tile_counter, n_items, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,))  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
                         g0 = Int32(0)
-                        valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, 0, 6)
+                        valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, 0, 8)
                         handoff = Int32(1)
                         while valid != 0:
-                            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+                            n_min, n_max, _, _ = self.item_kv_range(
+                                self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left), word)
                             for t in cutlass.range(n_max - n_min, unroll=1):
                                 valid_rows = s_kv - (n_max - 1 - t) * self.bn
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
                             g0 = g0 + (n_max - n_min)
-                            valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
+                            valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, handoff, 8)
                             handoff = handoff + 1
                 else:
                     # warps 1..3: the other shares of the K and V boxes (kv_issuers per ring: warps 0 and 1 K,
@@ -1294,6 +1460,8 @@ class SdpaPrefillSm90:
             ctx.sinks = sinks
             ctx.write_lse = write_lse
             ctx.lse = lse
+            ctx.split_partials = split_partials
+            ctx.split_counters = split_counters
             ctx.o_ss = o_stride_s
             ctx.lse_ss = lse_stride_s
             ctx.o_sb, ctx.o_sh = o_stride_b, o_stride_h
@@ -1313,10 +1481,11 @@ class SdpaPrefillSm90:
                 ctx.o_off = Int64(0)
                 ctx.group = group
                 ctx.slab_tokens = slab_tokens
-                valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, 0, 6)
+                valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, 0, 8)
                 handoff = Int32(1)
                 while valid != 0:
-                    kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+                    kv_range = self.item_kv_range(self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left),
+                                                  word)
                     tile = SimpleNamespace(**vars(ctx))
                     tile.m_block = m_block
                     tile.s_q = s_q
@@ -1342,7 +1511,7 @@ class SdpaPrefillSm90:
                     n_min, n_max, _, _ = kv_range
                     g0 = g0 + (n_max - n_min)
                     q_count = q_count + 1
-                    valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
+                    valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, handoff, 8)
                     handoff = handoff + 1
             elif cutlass.const_expr(self.ragged):
                 handoff = Int32(0)
@@ -1454,7 +1623,7 @@ class SdpaPrefillSm90:
         pt_stride_b: Int64, pt_stride_p: Int64,
         sinks: cute.Pointer, window_left: Int32, softcap: Float32,
         k_descale: cute.Pointer, v_descale: cute.Pointer, descale_stride_h: Int32, tile_counter: cute.Pointer,
-        kv_groups_per_page: Int32,
+        kv_groups_per_page: Int32, split_partials: cute.Pointer, split_counters: cute.Pointer, kv_splits_max: Int32,
     ):
         # The real launch (and the real descriptors) come from the aotc runtime; this host code
         # only makes the module well formed: descriptors of the right rank, box and swizzle.
@@ -1487,6 +1656,7 @@ class SdpaPrefillSm90:
             batch, seqlen_q, seqlen_kv, heads_q, heads_kv, write_lse, max_pages, min_seqlen_q, softmax_scale,
             o_stride_b, o_stride_s, o_stride_h, lse_stride_b, lse_stride_h, lse_stride_s, pt_stride_b, pt_stride_p,
             sinks, window_left, softcap, k_descale, v_descale, descale_stride_h, tile_counter, kv_groups_per_page,
+            split_partials, split_counters, kv_splits_max,
         ).launch(
             grid=[132, 1, 1],
             block=[self.n_threads, 1, 1],

@@ -72,6 +72,8 @@ class Runtime:
         # split decode's partials and counters, one arena per device that every plan without a workspace of
         # its own shares (aotc.runtime.workspace)
         self.workspaces = WorkspaceArena()
+        # the paged prefill kernel's KV splits (its own arena: a step's decode kernel may run beside it, prefill_sms)
+        self.split_workspaces = WorkspaceArena()
         # the per-stream counters of kernels that draw their tiles at run time (aotc.runtime.counters)
         self.tile_counters = TileCounters()
         self._side_streams: dict[int, int] = {}  # device -> the stream a forked step's second kernel runs on

@@ -33,7 +33,10 @@ runtime's second stream (Runtime.side_stream) between a fork and a join of event
 other SMs and each one the paged kernel leaves (benchmarks/probes/mixed_overlap.py). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
 PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128: 176 keys, FA3's
 tile, against 128, at every page size), from half dense prefill's LONG_KV; past the keys the page table holds
-(page_table.shape[1] * page_size; dense KV: S_max) it is refused.
+(page_table.shape[1] * page_size; dense KV: S_max) it is refused. A step of fewer tiles than SMs (short suffixes
+over long contexts) has the paged kernel split each tile's kv blocks over several CTAs, merged in the same launch,
+with a workspace from the runtime's split arena (Runtime.split_workspaces; aotc.families.sdpa_prefill_sm90's
+KV splits): plans of one runtime must not run on two streams at once, as for the decode rows' workspace.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
@@ -54,7 +57,7 @@ from dataclasses import dataclass
 from ..common.errors import ArgumentError
 from ..families.schedulers import ragged_grid
 from ..families.sdpa_decode import MAX_SEQLEN_Q as DECODE_MAX_Q
-from ..families.sdpa_prefill_sm90 import Q_BOX_ROWS
+from ..families.sdpa_prefill_sm90 import MAX_KV_SPLITS, Q_BOX_ROWS, split_workspace_bytes
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
@@ -494,6 +497,9 @@ class AttentionPlan(Plan):
             grid = (0, 0, 0)
         else:
             grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
+        split_ws = None
+        if hopper and d.batch and "kv_splits_max" in {p.name for p in kernel.artifact.abi.params}:
+            split_ws, values = self._split_workspace(runtime, device, kernel, grid[0], d.head_dim, values)
         self.bind(kernel, grid, device, values)
         self._counters = runtime.tile_counters if hopper and kernel.artifact.launch.extra.get("draws_tiles") else None
         if self._counters is not None:
@@ -508,7 +514,8 @@ class AttentionPlan(Plan):
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
         self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs(), **scales.inputs()}
         # the decode rows' split workspace: written by that kernel, so apart from every output and input
-        self._written = {"workspace": None if self.decode is None else self.decode.workspace}
+        self._written = {"workspace": None if self.decode is None else self.decode.workspace,
+                         "split_workspace": split_ws}
         self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
         self._io = (q_, o_, ls)
         self._rows = {}
@@ -519,6 +526,17 @@ class AttentionPlan(Plan):
         self._prepared = (cuq.ptr, sl.ptr, pt.ptr)
         self._runtime = runtime  # its second stream, for steps with prefill_sms
         self._fork = None
+
+    def _split_workspace(self, runtime, device: int, kernel, ctas: int, head_dim: int, values: dict):
+        """The paged kernel's KV-split workspace (aotc.families.sdpa_prefill_sm90.split_workspace_bytes for its grid):
+        a buffer of the runtime's split arena (aotc.runtime.workspace; held by the plan too), the partials at its
+        front and the counters at its back, and the kernel's values with it."""
+        partials, counters = split_workspace_bytes(ctas, int(kernel.artifact.launch.extra["block_m"]), head_dim)
+        self._split_buffer = buf = runtime.split_workspaces.take(device, partials, counters)
+        self.split_partials_bytes = partials
+        values = {**values, "split_partials": buf.ptr, "split_counters": buf.ptr + buf.nbytes - counters,
+                  "kv_splits_max": MAX_KV_SPLITS}
+        return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device)), values
 
     def _rows_for(self, total_q: int, lse_stride_h: int) -> _Rows:
         """The descriptor and spans of a step of total_q tokens (LSE rows lse_stride_h apart), checked as the

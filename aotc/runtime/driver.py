@@ -72,6 +72,7 @@ _PROTOTYPES = {
     "cuMemFree": (c_uint64,),
     "cuMemsetD8": (c_uint64, c_ubyte, c_size_t),
     "cuMemcpyHtoD": (c_uint64, c_void_p, c_size_t),
+    "cuMemcpyDtoH": (c_void_p, c_uint64, c_size_t),
     "cuMemsetD32Async": (c_uint64, c_uint, c_size_t, c_void_p),
     "cuStreamSynchronize": (c_void_p,),
     "cuStreamCreate": (_P(c_void_p), c_uint),
@@ -311,6 +312,15 @@ def copy_to_device(ptr: int, data: bytes) -> None:
         init()
         buf = ctypes.create_string_buffer(bytes(data), len(data))
         call("cuMemcpyHtoD", ptr, buf, len(data))
+
+
+def copy_from_device(ptr: int, nbytes: int) -> bytes:
+    """Copy `nbytes` at device address `ptr` to the host (synchronous; for checks, never in a step)."""
+    init()
+    buf = ctypes.create_string_buffer(nbytes)
+    if nbytes:
+        call("cuMemcpyDtoH", buf, ptr, nbytes)
+    return buf.raw
 
 
 class DeviceBuffer:

@@ -36,7 +36,7 @@ MAX_GRID_YZ = 65535
 LONG_KV = 8192
 _PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p",
                "k_descale", "v_descale", "descale_stride_h",  # (these three: fp8 KV, paged only)
-               "kv_groups_per_page")
+               "kv_groups_per_page", "split_partials", "split_counters", "kv_splits_max")
 
 
 @dataclass(frozen=True)

@@ -148,11 +148,20 @@ def kv_write_cases():
                     launches += 1
 
 
-def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_sm90", max_seqlen_kv=None):
+# the entry point's default batch: decode rows, S_q 4 rows, chunks whose prefix is in the cache, empty sequences,
+# lengths at and around page and kv-block boundaries; first a sequence whose queries see no key (s_kv 0): its
+# tiles visit no kv block, and the page table's row 0 is the allocation's start, so a read before it is past the
+# allocation
+ATTENTION_SEQS = [(2, 0), (1, 1), (4, 17), (0, 50), (130, 130), (1, 16), (0, 0), (200, 2500), (1, 127), (3, 129)]
+# few tiles over long contexts: the paged kernel's KV splits (their partials, counters and merge)
+SPLIT_SEQS = [(2, 0), (128, 8192), (5, 3000), (0, 50), (1, 100)]
+
+
+def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_sm90", max_seqlen_kv=None,
+                    seqs=ATTENTION_SEQS):
     """Runtime.attention over pools sized to the pages the sequences own (a read past a pool is past its
-    allocation) with page-table padding -1: decode rows, S_q 4 rows, chunks whose prefix is in the cache,
-    empty sequences, lengths at and around page and kv-block boundaries; every row on the paged kernel,
-    then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: every paged
+    allocation) with page-table padding -1, the batch `seqs` ((s_q, s_kv) per sequence); every row on the paged
+    kernel, then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: every paged
     variant of `family`: of its fp8 ones with fp8, over e4m3 pools and fp32 scales of their own allocations);
     features: the score features' arguments (feature_kwargs), else none. max_seqlen_kv: the bound the plans are
     told (from aotc.runtime.attention's PAGED_LONG_KV on: the widest kv tile)."""
@@ -163,9 +172,6 @@ def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_s
                        and (features is not None or not any(k.variant.get(f) for f in FEATURES))})
     if picks is not None:
         variants = [v for v in variants if v in picks]
-    # first a sequence whose queries see no key (s_kv 0): its tiles visit no kv block, and the page table's
-    # row 0 is the allocation's start, so a read before it is past the allocation
-    seqs = [(2, 0), (1, 1), (4, 17), (0, 50), (130, 130), (1, 16), (0, 0), (200, 2500), (1, 127), (3, 129)]
     for dtype, D, page in variants:
         t = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         H_q, H_kv = 8, 2
@@ -305,6 +311,7 @@ elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64,
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"),
                   picks=[(128, "dense", False), (128, "dense", True), (128, "ragged", True)])
     attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)])  # the paged layouts' V-tail zeroing, barriers
+    attention_cases(picks=[("bf16", 128, 16), ("bf16", 64, 128)], seqs=SPLIT_SEQS, max_seqlen_kv=8192)  # KV splits
     paged_box_cases()
     feature_cases(["sdpa_prefill_sm90"])  # the window's left-edge and skipped blocks in the warp-specialized loop
 else:

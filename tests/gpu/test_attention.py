@@ -241,6 +241,88 @@ def mixed_batch(rt, case, seqs, index, seed, label):
     b.check(step, io, f"{label} {case_id(case)} lse=None", lse=False, refs=refs)
 
 
+# (s_q, s_kv) batches of fewer GQA-packed tiles than SMs over long contexts: the paged kernel shares each tile's kv
+# blocks out to several CTAs (aotc.families.sdpa_prefill_sm90.MAX_KV_SPLITS), the last to arrive merging them
+SPLIT_BATCHES = [
+    [(128, 128 + 30720)],  # a prefix-cache hit's suffix: 32 tiles at H 32/8, 4 splits each
+    [(64, 20064), (1, 5000), (17, 9017), (0, 100), (5, 40005), (2, 2)],  # beside decode rows and an empty sequence
+    [(3, 3000)],  # one tile a KV head of 18 blocks: at most 2 splits of MIN_SPLIT_BLOCKS
+]
+SPLIT_CASES = [CASES[i] for i in (0, 1, 4, 6, 12, 14)]
+
+
+def split_partials(plan) -> list[float]:
+    """The partials of the plan's KV-split workspace (the front of its arena buffer) as floats, read back."""
+    import struct
+
+    from aotc.runtime import driver
+
+    torch.cuda.synchronize()
+    n = plan.split_partials_bytes
+    return list(struct.unpack(f"{n // 4}f", driver.copy_from_device(plan._split_buffer.ptr, n)))
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
+def test_kv_splits_match_the_reference(rt, case):
+    """Each SPLIT_BATCHES batch through a prepared plan whose split workspace was NaN-poisoned first: every row
+    matches the reference (a merge reading a slot no split of its tile wrote would give NaN), the splits did run
+    (their partials replaced part of the poison), and a second call gives the same bits (the merge adds the splits
+    in split order, whichever arrives last)."""
+    from aotc.runtime import driver
+
+    dtype, D, page, layout, H_q, H_kv, padded = case
+    for i, seqs in enumerate(SPLIT_BATCHES):
+        gen = torch.Generator(device="cuda").manual_seed(300 + 10 * SPLIT_CASES.index(case) + i)
+        b, step, io = PagedBatch.of(seqs, page, H_q, H_kv, D, dtype, layout, gen, padded=padded,
+                                    extra_cols=2 if padded else 0, pt_pad_cols=5 if padded else 0)
+        b.cache.poison(POISON)
+        meta = b.metadata(step)
+        refs = b.references(step, io)
+        dq = 1 if i == 1 else 0  # batch 1's decode rows on the decode kernel; every row on the paged one else
+        plan = rt.prepare_attention(io.q, b.cache.k, b.cache.v, io.out, *meta, lse=io.lse, kv_layout=layout,
+                                    max_seqlen_q=max(s_q for s_q, _ in seqs),
+                                    max_seqlen_kv=max(s_kv for _, s_kv in seqs), decode_query_len=dq)
+        torch.cuda.synchronize()
+        driver.memset_d32(plan._split_buffer.ptr, 0x7FC00000, plan.split_partials_bytes // 4)  # (not the counters)
+        what = f"kv splits {case_id(case)} batch {i} decode_query_len {dq}"
+        plan(io.q, io.out, io.lse, stream=torch.cuda.current_stream())
+        b.check(step, io, what, refs=refs)
+        written = sum(not math.isnan(x) for x in split_partials(plan))
+        assert written > 0, f"{what}: no split wrote a partial (the batch ran unsplit)"
+        first = io.out.clone()
+        io.poison()
+        plan(io.q, io.out, io.lse, stream=torch.cuda.current_stream())
+        b.check(step, io, what + ", call 2", refs=refs)
+        assert torch.equal(io.out.view(torch.int16), first.view(torch.int16)), f"{what}: call 2 gave other bits"
+
+
+def test_kv_splits_follow_new_metadata_in_a_cuda_graph(rt):
+    """One CUDA graph replayed over steps whose tile counts differ (so their split counts do, decided on the
+    device at every launch): a short suffix over a long context, a 2048-token chunk (no split), decode rows with
+    a 40-token suffix, then the suffix again with its context grown."""
+    gen = torch.Generator(device="cuda").manual_seed(321)
+    b = PagedBatch([30848, 4096, 700, 12000], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2048 + 8, extra_cols=1)
+    b.cache.poison(POISON, tails=False)
+    steps = [
+        [(0, 128, 30720), (1, 1, 4000), (2, 1, 700), (3, 0, 12000)],
+        [(1, 2048, 4096), (0, 1, 30720), (2, 1, 700), (3, 1, 11000)],
+        [(3, 40, 12000), (1, 1, 4096), (2, 1, 700), (0, 1, 30721)],
+        [(0, 128, 30848), (3, 1, 12000), (2, 0, 700), (1, 1, 4096)],
+    ]
+    io, meta = b.io(), b.metadata(steps[0])
+    plan = rt.prepare_attention(io.q, b.cache.k, b.cache.v, io.out, *meta, max_seqlen_q=2048, max_seqlen_kv=30848,
+                                lse=io.lse)
+
+    def call():
+        plan(io.q, io.out, io.lse, stream=torch.cuda.current_stream())
+    call()
+    b.check(steps[0], io, "kv splits eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    replay_steps(graph, b, io, meta, steps, gen, "kv splits graph replay")
+
+
 @pytest.mark.parametrize("page", [32, 64, 128])
 def test_d256_pages_run_on_the_kernel_built(rt, page):
     """D256 at pages of 32-128: the Hopper kernel where the bundle has one for the page (16-row TMA boxes inside

@@ -87,6 +87,9 @@ DECODE_SHAPES = [
 MIXED = [(1, 1), (1, 17), (1, 9000), (4, 4), (4, 130), (4, 4999), (0, 50), (5, 2), (300, 300), (517, 4700),
          (1000, 1129)]
 MIXED_SETTINGS = (1, 2, 3)  # windows 127, 128 and 4096 (caps 50, 30, 50; sinks tiny, mixed, big)
+# few query tokens over long contexts: fewer GQA-packed tiles than SMs, so the paged kernel splits each tile's kv
+# blocks over several CTAs (the sink joins one split's softmax; a window leaves a tile few blocks to split)
+SPLIT_MIXED = [(64, 20064), (1, 5000), (5, 40005), (0, 100), (17, 9017)]
 
 
 def _features_str(combo):
@@ -352,16 +355,22 @@ def test_attention_mixed_batch(rt, index):
     attention_mixed_batch(rt, index)
 
 
-def attention_mixed_batch(rt, index, family="sdpa_prefill_sm90"):
+@pytest.mark.parametrize("index", MIXED_SETTINGS)
+def test_attention_kv_splits_with_the_features(rt, index):
+    """test_attention_mixed_batch on SPLIT_MIXED: the paged kernel's KV splits with every feature variant."""
+    attention_mixed_batch(rt, index, seqs=SPLIT_MIXED)
+
+
+def attention_mixed_batch(rt, index, family="sdpa_prefill_sm90", seqs=MIXED):
     """test_attention_mixed_batch for the paged feature variants of `family` (test_attention_portable.py runs
-    it for the portable family's, on a bundle without Hopper kernels)."""
+    it for the portable family's, on a bundle without Hopper kernels), over the batch `seqs`."""
     gen = torch.Generator(device="cuda").manual_seed(4000 + index)
     for n, (dtype, D, layout, causal, combo) in enumerate(_paged_variants(rt, family)):
         assert causal, f"paged {family} {dtype} D{D} {layout} [{_features_str(combo)}]: not causal"
         f = settings(combo)[index]
         H_q, H_kv = _heads(D, odd_group=index == 2)
         kv_layout = ("NHD", "HND")[(n + index) % 2]
-        b = Mixed(MIXED, int(layout[len("paged"):]), H_q, H_kv, D, dtype, kv_layout, gen,
+        b = Mixed(seqs, int(layout[len("paged"):]), H_q, H_kv, D, dtype, kv_layout, gen,
                   softcap_amplitude(f.softcap, D ** -0.5, D))
         kw = f.kwargs(H_q)
         refs = b.references(kw)
