@@ -920,15 +920,21 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(self.fp8):  # O over v_fp8: times the V scale
             acc_O.store(acc_O.load() * ctx.v_scale)
         normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
-        stores = Int32(1)
+        # a KV split stores its own O and LSE like a whole tile, then (split_arrive: its stores ordered before its
+        # arrival) the split arriving last merges every split's and stores over them (store_merged). The stores stay
+        # out of the split's branch: ptxas scheduled the kv loops otherwise when they depended on it (the PV wait
+        # before every exp2 of the D128-176 loop: 5% more SM cycles).
+        self.store_o(ctx, o, wg_index, lse_r)
         if cutlass.const_expr(self.paged):
             if splits > 1:
                 item0 = (word >> 16) & 0xFFFF
-                stores = self.split_arrive(acc_O, ctx.wg_tid, ctx.bars, ctx.split_partials, ctx.split_counters,
-                                           wg_index, split, splits, item0, lse_r)
-                if stores != 0:
+                last = self.split_arrive(acc_O, ctx.wg_tid, ctx.bars, ctx.split_partials, ctx.split_counters,
+                                         wg_index, split, splits, item0, lse_r)
+                if last != 0:
                     self.merge_splits(acc_O, ctx.wg_tid, ctx.split_partials, wg_index, splits, item0, lse_r)
-        self.store_o(ctx, o, wg_index, lse_r, stores)
+                    rows = (ctx.q_start, ctx.s_q, ctx.tok0, ctx.slab_tokens, ctx.kv_head, ctx.group)
+                    self.store_merged(acc_O, ctx.mma_pv, ctx.wg_tid, ctx.lane, o, ctx.lse, ctx.write_lse,
+                                      ctx.o_ss, ctx.o_sh, ctx.lse_ss, ctx.lse_sh, rows, lse_r)
 
     def split_slot(self, acc_O, item, wg_index):
         """The float offset of a warpgroup's partial of work item `item` in split_partials: per consumer thread,
@@ -1017,9 +1023,34 @@ class SdpaPrefillSm90:
             O_mn[r, None].store(O_mn[r, None].load() * inv)
 
     @cute.jit
-    def store_o(self, ctx, o, wg_index, lse_r, stores):
-        """O (normalized) -> smem (this warpgroup's Q slab) -> 128-bit stores of rows < S_q; LSE. Paged: none where
-        stores is 0 (a KV split that did not arrive last; it still goes through the slab's barriers)."""
+    def store_merged(self, acc_O, mma_pv, t, lane, o, lse, write_lse, o_ss, o_sh, lse_ss, lse_sh, rows, lse_r):
+        """The merged O of a split tile over what its splits stored: straight from this thread's accumulator
+        fragment, two adjacent columns a 4-byte store (the rare path: no staging), and its rows' LSE (one thread
+        a quad); rows = (q_start, s_q, tok0, slab_tokens, kv_head, group) place the GQA-packed slab's rows as
+        packed_token does, those of tokens < S_q stored."""
+        q_start, s_q, tok0, slab_tokens, kv_head, group = rows
+        O_mn = acc_mn_view(acc_O)
+        cO_mn = acc_mn_view(mma_pv.get_slice(t).partition_C(cute.make_identity_tensor((self.n_wg_rows, self.D))))
+        pair = cute.make_rmem_tensor((2,), Float32)
+        for r in cutlass.range_constexpr(cute.size(lse_r)):
+            local = cO_mn[r, 0][0]
+            k = local // group
+            tok = tok0 + k
+            head = kv_head * group + local - k * group
+            if tok < s_q and k < slab_tokens:
+                row = Int64(q_start + tok) * o_ss + Int64(head) * o_sh
+                for c in cutlass.range_constexpr(0, cute.size(O_mn, mode=[1]), 2):
+                    pair[0] = O_mn[r, c]
+                    pair[1] = O_mn[r, c + 1]
+                    dst = cute.make_tensor(o + cute.assume(row + Int64(cO_mn[r, c][1]), divby=2), cute.make_layout(2))
+                    dst.store(pair.load().to(self.dtype))
+                if write_lse != 0:
+                    if lane % 4 == 0:
+                        lse[Int64(head) * lse_sh + Int64(q_start + tok) * lse_ss] = lse_r[r]
+
+    @cute.jit
+    def store_o(self, ctx, o, wg_index, lse_r):
+        """O (normalized) -> smem (this warpgroup's Q slab) -> 128-bit stores of rows < S_q; LSE."""
         acc_O = ctx.acc_O
         n_rows = cute.size(lse_r)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -1052,12 +1083,9 @@ class SdpaPrefillSm90:
         if cutlass.const_expr(self.paged):
             # the slab's packed rows are (query token, query head) pairs (packed_token)
             thr_row = s2g_thr.partition_S(cO)[0][0]
-            row_lim = ctx.s_q
-            if stores == 0:
-                row_lim = Int32(0)
             for m in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
                 tok, head = self.packed_token(ctx, thr_row + t0OcO[0, m, 0][0])
-                if tok < row_lim:
+                if tok < ctx.s_q:
                     off = Int64(ctx.q_start + tok) * o_ss + Int64(head) * cute.assume(ctx.o_sh, divby=VEC)
                     # a row-stride-0 view: the thread's row coordinate drops out of its partition
                     g_row = cute.make_tensor(o + cute.assume(off, divby=VEC),
@@ -1067,7 +1095,7 @@ class SdpaPrefillSm90:
                 if ctx.lane % 4 == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         tok, head = self.packed_token(ctx, ctx.local0 + ctx.cS_mn[r, 0][0])
-                        if tok < row_lim:
+                        if tok < ctx.s_q:
                             ctx.lse[Int64(head) * ctx.lse_sh + Int64(ctx.q_start + tok) * ctx.lse_ss] = lse_r[r]
         else:
             o_lim = ctx.s_q - row_base - s2g_thr.partition_S(cO)[0][0]
