@@ -110,3 +110,18 @@ def test_the_workspace_holds_every_slot_the_kernel_writes(head_dim, block_n):
 def test_split_limits():
     # split and split count share a byte each of the tile record's split word, the item index its high 16 bits
     assert 1 <= MAX_KV_SPLITS <= 255 and MIN_SPLIT_BLOCKS >= 1
+
+
+def test_which_kernels_split():
+    """The launch fact the runtime reads to give a kernel its split workspace: the 16-bit paged kernels only (fp8 KV
+    not yet: the split loop spilled its conversion warps)."""
+    from aotc.common.variant import Variant
+    from aotc.families import get_family
+    from aotc.families.sdpa_prefill_sm90 import kv_splits
+
+    def v(layout, kv_dtype="bf16"):
+        return Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=128, layout=layout, causal=True,
+                            block_n=128, kv_dtype=kv_dtype)
+    assert [kv_splits(v(layout)) for layout in ("dense", "ragged", "paged16", "paged128")] == [False, False, True, True]
+    assert not kv_splits(v("paged16", "fp8_e4m3"))
+    assert get_family("sdpa_prefill_sm90").launch(v("paged16")).extra["kv_splits"] is True

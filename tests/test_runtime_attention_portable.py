@@ -18,7 +18,7 @@ from aotc.common.errors import ArgumentError
 from aotc.common.variant import Variant
 from aotc.families import get_family
 from aotc.families.sdpa_prefill import PAGE_SIZES, TILES, block_pages, pass_source
-from aotc.runtime import Runtime, counters, driver, tensor
+from aotc.runtime import Runtime, counters, driver, tensor, workspace
 from aotc.runtime.attention_portable import HOPPER, PORTABLE
 from aotc.runtime.validate import packed_strides
 from recorded_launch import record_launches
@@ -183,6 +183,9 @@ def device(monkeypatch):
     # the Hopper paged kernel draws its tiles from a per-stream counter (aotc.runtime.counters): a buffer stand-in
     monkeypatch.setattr(counters, "zeroed_buffer", lambda nbytes, allocate=None: SimpleNamespace(ptr=1 << 40,
                                                                                                  nbytes=nbytes))
+    # and its KV splits a workspace of the runtime's split arena (aotc.runtime.workspace): a stand-in too
+    monkeypatch.setattr(workspace, "zeroed_buffer", lambda nbytes, allocate=None: SimpleNamespace(ptr=1 << 41,
+                                                                                                  nbytes=nbytes))
     StubDecodePlan.made = []
     return dev
 

@@ -233,6 +233,12 @@ MAX_KV_SPLITS = 16
 MIN_SPLIT_BLOCKS = 8  # the fewest kv blocks a split takes: a split's start and merge cost a few blocks' time
 
 
+def kv_splits(variant: Variant) -> bool:
+    """Whether the variant's kernel splits a launch's tiles (launch fact kv_splits: the runtime gives it a workspace):
+    the 16-bit paged kernels. Over fp8 pools not yet: the split loop spilled their conversion warps (56 registers)."""
+    return variant["layout"].startswith("paged") and not kv_fp8(variant)
+
+
 def kv_split_range(n_min, n_max, split, splits):
     """(lo, hi): the kv blocks [lo, hi) of split `split` of `splits` over a tile's blocks [n_min, n_max): split 0
     the highest (the diagonal's masked blocks), every split within one block of the others' length and none
@@ -325,7 +331,7 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
                    "paged: the tiles enumerated from the device-side lengths; paged: (SMs, 1, 1)"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
                "persistent": True, "tma": tma_recipe(variant, t.block_n),
-               "draws_tiles": draws_tiles(variant)},
+               "draws_tiles": draws_tiles(variant), "kv_splits": kv_splits(variant)},
     )
 
 

@@ -73,7 +73,7 @@ from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
                                           REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_tiles,
-                                          kv_box_rows, kv_fp8, kv_split_range, launch_facts, page_size,
+                                          kv_box_rows, kv_fp8, kv_split_range, kv_splits, launch_facts, page_size,
                                           registers_after_setmaxnreg, why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import row_group_kv
 from ..families.sdpa_prefill_sm90 import tile as family_tile
@@ -202,6 +202,8 @@ class SdpaPrefillSm90:
         # (tma_recipe's kv_view, kv_groups_per_page); the other tiles keep the chunk-major ring (fp8's conversion
         # warps write it).
         self.grouped_kv = row_group_kv(variant, t.block_n)
+        # KV splits (launch_splits; the family's kv_splits: the 16-bit paged kernels)
+        self.kv_splits = kv_splits(variant)
         # the warps that take each drawn tile from the producer: the consumers', fp8 KV's conversion warps, and
         # the 16-bit paged kernels' K/V issuers past warp 0
         helpers = 0
@@ -364,6 +366,17 @@ class SdpaPrefillSm90:
         n_min, n_max, n_mask_min, n_left_end = kv_range
         lo, hi = kv_split_range(n_min, n_max, word & 255, (word >> 8) & 255)
         return (lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi))
+
+    @cute.jit
+    def launch_splits(self, n_tiles, kv_splits_max):
+        """A paged launch's split count: its CTAs over its tiles where there are fewer tiles than CTAs (at most
+        kv_splits_max), else 1. Recomputed at every item from the tile count and the grid (a special register): one
+        more value live across the producer's copy loop spilled fp8 KV's producer (56 registers)."""
+        n_ctas = Int32(cute.arch.grid_dim()[0])
+        splits = Int32(1)
+        if n_tiles > 0 and n_tiles < n_ctas:
+            splits = cutlass.max(cutlass.min(n_ctas // n_tiles, kv_splits_max), Int32(1))
+        return splits
 
     @cute.jit
     def tile_splits(self, kv_range, splits):
@@ -902,7 +915,7 @@ class SdpaPrefillSm90:
         split = Int32(0)
         splits = Int32(1)
         word = Int32(0)
-        if cutlass.const_expr(self.paged):
+        if cutlass.const_expr(self.kv_splits):
             word = self.shared_words(ctx.bars, self.SPLIT_WORDS, 2)[ctx.q_count & 1]
             split = word & 255
             splits = (word >> 8) & 255
@@ -925,7 +938,7 @@ class SdpaPrefillSm90:
         # out of the split's branch: ptxas scheduled the kv loops otherwise when they depended on it (the PV wait
         # before every exp2 of the D128-176 loop: 5% more SM cycles).
         self.store_o(ctx, o, wg_index, lse_r)
-        if cutlass.const_expr(self.paged):
+        if cutlass.const_expr(self.kv_splits):
             if splits > 1:
                 item0 = (word >> 16) & 0xFFFF
                 last = self.split_arrive(acc_O, ctx.wg_tid, ctx.bars, ctx.split_partials, ctx.split_counters,
@@ -1115,7 +1128,7 @@ class SdpaPrefillSm90:
         block."""
         n_min, n_max, n_mask_min, n_left_end = kv_range
         n_iter, n_right, n_plain_end = kv_loop_segments(n_min, n_max, n_mask_min, n_left_end)
-        if cutlass.const_expr(self.paged):
+        if cutlass.const_expr(self.kv_splits):
             tile.q_count = q_count  # the tile's handoff: its split word's slot (epilogue)
         tile.acc_O.fill(0.0)
         tile.row_max.fill(NEG_INF)
@@ -1309,51 +1322,64 @@ class SdpaPrefillSm90:
                     handoff = Int32(0)
                     n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv,
                                                       min_seqlen_q, tidx)
-                    # KV splits: fewer tiles than CTAs share their blocks out, one wave of items (item r: split
-                    # r % splits of tile r // splits; a tile's splits past tile_splits() are skipped)
-                    splits = Int32(1)
-                    if n_tiles > 0 and n_tiles < n_ctas:
-                        splits = cutlass.max(cutlass.min(n_ctas // n_tiles, kv_splits_max), Int32(1))
-                    n_items = n_tiles * splits
                     r = first_tile
-                    while r < n_items:
-                        t_idx = r // splits
-                        split = r - t_idx * splits
-                        bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(t_idx, tidx, *paged_args)
-                        kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
-                        tile_splits = self.tile_splits(kv_range, splits)
-                        if split < tile_splits:
-                            word = split + (tile_splits << 8)
-                            if tile_splits > 1:
-                                word = word + ((r - split) << 16)
-                            record = (1, kv_head, m_block, q_start, s_q, s_kv, bidx, word)
-                            self.publish_tile(bars, handoff, record, word)
+                    if cutlass.const_expr(not self.kv_splits):  # every tile whole
+                        while r < n_tiles:
+                            bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
+                            self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv, bidx))
                             handoff = handoff + 1
-                            n_min, n_max, _, _ = self.item_kv_range(kv_range, word)
+                            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                             tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
                                                    slab_tokens=slab_tokens, page_table=page_table,
                                                    pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
                                                    kv_groups_per_page=kv_groups_per_page)
-                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0,
-                                                q_count)
+                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min,
+                                                g0, q_count)
                             g0 = g0 + (n_max - n_min)
                             q_count = q_count + 1
-                        r = self.draw_next(tile_counter, n_items, n_ctas, tidx)
+                            r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
+                    else:
+                        # KV splits: fewer tiles than CTAs share their blocks out, one wave of items (item r: split
+                        # r % splits of tile r // splits; a tile's splits past tile_splits() are skipped)
+                        while r < n_tiles * self.launch_splits(n_tiles, kv_splits_max):
+                            splits = self.launch_splits(n_tiles, kv_splits_max)
+                            t_idx = r // splits
+                            split = r - t_idx * splits
+                            bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(t_idx, tidx, *paged_args)
+                            kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+                            tile_splits = self.tile_splits(kv_range, splits)
+                            if split < tile_splits:
+                                word = split + (tile_splits << 8)
+                                if tile_splits > 1:
+                                    word = word + ((r - split) << 16)
+                                record = (1, kv_head, m_block, q_start, s_q, s_kv, bidx, word)
+                                self.publish_tile(bars, handoff, record, word)
+                                handoff = handoff + 1
+                                n_min, n_max, _, _ = self.item_kv_range(kv_range, word)
+                                tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
+                                                       slab_tokens=slab_tokens, page_table=page_table,
+                                                       pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+                                                       kv_groups_per_page=kv_groups_per_page)
+                                self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min,
+                                                    g0, q_count)
+                                g0 = g0 + (n_max - n_min)
+                                q_count = q_count + 1
+                            r = self.draw_next(tile_counter, n_tiles * splits, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,))  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
                         g0 = Int32(0)
-                        valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, 0, 8)
+                        # (fp8 KV takes no KV splits: launch_splits; the whole tile's blocks)
+                        valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, 0, 6)
                         handoff = Int32(1)
                         while valid != 0:
-                            n_min, n_max, _, _ = self.item_kv_range(
-                                self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left), word)
+                            n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                             for t in cutlass.range(n_max - n_min, unroll=1):
                                 valid_rows = s_kv - (n_max - 1 - t) * self.bn
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, False)
                                 self.convert_block(storage, g0 + t, valid_rows, tidx - 32, True)
                             g0 = g0 + (n_max - n_min)
-                            valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, handoff, 8)
+                            valid, kv_head, m_block, q_start, s_q, s_kv = self.take_tile(bars, handoff, 6)
                             handoff = handoff + 1
                 else:
                     # warps 1..3: the other shares of the K and V boxes (kv_issuers per ring: warps 0 and 1 K,
@@ -1512,8 +1538,9 @@ class SdpaPrefillSm90:
                 valid, kv_head, m_block, q_start, s_q, s_kv, _, word = self.take_tile(bars, 0, 8)
                 handoff = Int32(1)
                 while valid != 0:
-                    kv_range = self.item_kv_range(self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left),
-                                                  word)
+                    kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
+                    if cutlass.const_expr(self.kv_splits):
+                        kv_range = self.item_kv_range(kv_range, word)
                     tile = SimpleNamespace(**vars(ctx))
                     tile.m_block = m_block
                     tile.s_q = s_q

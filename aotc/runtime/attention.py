@@ -483,6 +483,7 @@ class AttentionPlan(Plan):
             "pt_stride_b": pt.strides[0], "pt_stride_p": pt.strides[1],
             "tile_counter": 0,  # the stream's, per launch (a Hopper kernel draws its tiles: RaggedTiles)
             "kv_groups_per_page": kv_groups_per_page,
+            "split_partials": 0, "split_counters": 0, "kv_splits_max": 1,  # no KV splits (_split_workspace)
             **feats.values,
             **scales.values,
         }
@@ -498,7 +499,7 @@ class AttentionPlan(Plan):
         else:
             grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
         split_ws = None
-        if hopper and d.batch and "kv_splits_max" in {p.name for p in kernel.artifact.abi.params}:
+        if hopper and d.batch and kernel.artifact.launch.extra.get("kv_splits"):
             split_ws, values = self._split_workspace(runtime, device, kernel, grid[0], d.head_dim, values)
         self.bind(kernel, grid, device, values)
         self._counters = runtime.tile_counters if hopper and kernel.artifact.launch.extra.get("draws_tiles") else None
