@@ -905,7 +905,8 @@ class SdpaPrefillSm90:
     @cute.jit
     def epilogue(self, ctx, o, wg_index):
         """O = acc / rowsum and the rows' LSE, then (store_o) O and LSE out; paged KV splits (split_word's splits >
-        1): the split's O and LSE to the workspace, and only the split arriving last merges and stores."""
+        1): then the split's O and LSE to the workspace too, and the split arriving last stores the merge over what
+        every split stored."""
         acc_O = ctx.acc_O
         row_max = ctx.row_max
         row_sum = ctx.row_sum
