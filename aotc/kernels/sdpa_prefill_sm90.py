@@ -369,9 +369,8 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def launch_splits(self, n_tiles, kv_splits_max):
-        """A paged launch's split count: its CTAs over its tiles where there are fewer tiles than CTAs (at most
-        kv_splits_max), else 1. Recomputed at every item from the tile count and the grid (a special register): one
-        more value live across the producer's copy loop spilled fp8 KV's producer (56 registers)."""
+        """A paged launch's split count, computed once by the producer warp: its CTAs over its tiles where there
+        are fewer tiles than CTAs (at most kv_splits_max), else 1."""
         n_ctas = Int32(cute.arch.grid_dim()[0])
         splits = Int32(1)
         if n_tiles > 0 and n_tiles < n_ctas:
@@ -558,6 +557,19 @@ class SdpaPrefillSm90:
             g0 = g0 + (n_max - n_min)
             valid, kv_head, m_block, q_start, s_q, s_kv, bidx, word = self.take_tile(bars, handoff, 8)
             handoff = handoff + 1
+
+    @cute.jit
+    def produce_paged_item(self, tma_q, tma_k, tma_v, storage, tables_p, bidx, kv_head, m_block, q_start, s_kv, n_min,
+                           n_max, g0, q_count):
+        """Paged producer warp 0: one work item's loads, blocks n_min..n_max of its tile (tables_p: the launch's
+        GQA group, slab tokens, page table and its strides, row groups a page); the ring position and Q count
+        after it."""
+        group, slab_tokens, page_table, pt_stride_b, pt_stride_p, kv_groups_per_page = tables_p
+        tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group, slab_tokens=slab_tokens,
+                               page_table=page_table, pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
+                               kv_groups_per_page=kv_groups_per_page)
+        self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0, q_count)
+        return g0 + (n_max - n_min), q_count + 1
 
     @cute.jit
     def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):
@@ -1324,28 +1336,27 @@ class SdpaPrefillSm90:
                     n_tiles = self.ragged_tiles.count(cu_seqlens_q, batch, self.n_wg * slab_tokens, heads_kv,
                                                       min_seqlen_q, tidx)
                     r = first_tile
+                    tables_p = (group, slab_tokens, page_table, pt_stride_b, pt_stride_p, kv_groups_per_page)
                     if cutlass.const_expr(not self.kv_splits):  # every tile whole
                         while r < n_tiles:
                             bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(r, tidx, *paged_args)
                             self.publish_tile(bars, handoff, (1, kv_head, m_block, q_start, s_q, s_kv, bidx))
                             handoff = handoff + 1
                             n_min, n_max, _, _ = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
-                            tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
-                                                   slab_tokens=slab_tokens, page_table=page_table,
-                                                   pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
-                                                   kv_groups_per_page=kv_groups_per_page)
-                            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min,
-                                                g0, q_count)
-                            g0 = g0 + (n_max - n_min)
-                            q_count = q_count + 1
+                            g0, q_count = self.produce_paged_item(tma_q, tma_k, tma_v, storage, tables_p, bidx, kv_head,
+                                                                  m_block, q_start, s_kv, n_min, n_max, g0, q_count)
                             r = self.draw_next(tile_counter, n_tiles, n_ctas, tidx)
                     else:
                         # KV splits: fewer tiles than CTAs share their blocks out, one wave of items (item r: split
                         # r % splits of tile r // splits; a tile's splits past tile_splits() are skipped)
-                        while r < n_tiles * self.launch_splits(n_tiles, kv_splits_max):
-                            splits = self.launch_splits(n_tiles, kv_splits_max)
-                            t_idx = r // splits
-                            split = r - t_idx * splits
+                        splits = self.launch_splits(n_tiles, kv_splits_max)
+                        n_items = n_tiles * splits
+                        while r < n_items:
+                            t_idx = r
+                            split = Int32(0)
+                            if splits > 1:  # an unsplit launch skips the division
+                                t_idx = r // splits
+                                split = r - t_idx * splits
                             bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(t_idx, tidx, *paged_args)
                             kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                             tile_splits = self.tile_splits(kv_range, splits)
@@ -1357,15 +1368,10 @@ class SdpaPrefillSm90:
                                 self.publish_tile(bars, handoff, record, word)
                                 handoff = handoff + 1
                                 n_min, n_max, _, _ = self.item_kv_range(kv_range, word)
-                                tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group,
-                                                       slab_tokens=slab_tokens, page_table=page_table,
-                                                       pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
-                                                       kv_groups_per_page=kv_groups_per_page)
-                                self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min,
-                                                    g0, q_count)
-                                g0 = g0 + (n_max - n_min)
-                                q_count = q_count + 1
-                            r = self.draw_next(tile_counter, n_tiles * splits, n_ctas, tidx)
+                                g0, q_count = self.produce_paged_item(tma_q, tma_k, tma_v, storage, tables_p, bidx,
+                                                                      kv_head, m_block, q_start, s_kv, n_min, n_max,
+                                                                      g0, q_count)
+                            r = self.draw_next(tile_counter, n_items, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,))  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
