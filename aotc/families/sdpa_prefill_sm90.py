@@ -322,6 +322,19 @@ def draws_tiles(variant: Variant) -> bool:
     return bool(variant["causal"]) and int(variant["head_dim"]) in DRAWN_TAIL_HEAD_DIMS
 
 
+# head dims whose 16-bit paged kernels draw a CTA's next work item before issuing its tile's last K block, the atomic's
+# round trip hidden behind the wait for that block's ring slot (the kernel's produce_paged_item): D128, whose 128-key
+# tile over a chunk's short causal tiles took 1.1% fewer SM cycles so (S 2048, A/A 1.000). D64 and D256 keep the draw
+# after the tile's loads: the change rescheduled ptxas's D256 kv loops (583 -> 608 instructions; the same loop cost
+# 0.7% more SM cycles in fe251c0) for no measured gain (benchmarks/results/paged_varlen_experiment_draw_early.json).
+EARLY_DRAW_HEAD_DIMS = (128,)
+
+
+def draws_early(variant: Variant) -> bool:
+    """Whether the variant's paged producer draws its next work item before its tile's last K block."""
+    return kv_splits(variant) and int(variant["head_dim"]) in EARLY_DRAW_HEAD_DIMS
+
+
 def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
     t = t or tile(variant["head_dim"], variant["block_n"], kv_fp8(variant))
     return LaunchFacts(

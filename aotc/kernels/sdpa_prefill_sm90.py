@@ -72,7 +72,7 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_tiles,
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_early, draws_tiles,
                                           kv_box_rows, kv_fp8, kv_split_range, kv_splits, launch_facts, page_size,
                                           registers_after_setmaxnreg, why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import row_group_kv
@@ -204,6 +204,8 @@ class SdpaPrefillSm90:
         self.grouped_kv = row_group_kv(variant, t.block_n)
         # KV splits (launch_splits; the family's kv_splits: the 16-bit paged kernels)
         self.kv_splits = kv_splits(variant)
+        # the next work item drawn before the tile's last K block (produce_paged_item; the family's draws_early)
+        self.draws_early = draws_early(variant)
         # the warps that take each drawn tile from the producer: the consumers', fp8 KV's conversion warps, and
         # the 16-bit paged kernels' K/V issuers past warp 0
         helpers = 0
@@ -435,10 +437,26 @@ class SdpaPrefillSm90:
         """Ragged and paged producer warp, once the current tile's loads are all issued: the CTA's next tile
         (past the last: none). Drawn this late, not as the tile starts, so the CTA that finishes first takes the
         next tile: a draw at the start claimed it one tile ahead, and chunks over unequal prefixes then left
-        CTAs idle (RaggedTiles); the atomic's latency hides behind the consumers' last kv blocks."""
+        CTAs idle (RaggedTiles); the atomic's latency hides behind the consumers' last kv blocks. The 16-bit
+        D128 paged kernels draw a block earlier, in two halves (draw_start, draw_finish; produce_paged_item)."""
         taken = Int32(0)
         if lane == 0:
             taken = draw_tile(tile_counter)
+            settle_draw(tile_counter, taken, n_tiles - 1)
+        return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
+
+    @cute.jit
+    def draw_start(self, tile_counter, lane):
+        """draw_next's atomic alone: lane 0's draw (its result is not waited for until draw_finish reads it)."""
+        taken = Int32(0)
+        if lane == 0:
+            taken = draw_tile(tile_counter)
+        return taken
+
+    @cute.jit
+    def draw_finish(self, tile_counter, taken, n_tiles, n_ctas, lane):
+        """The rest of draw_next for draw_start's value: the counter settled, the tile shared with the warp."""
+        if lane == 0:
             settle_draw(tile_counter, taken, n_tiles - 1)
         return cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0)) + n_ctas
 
@@ -532,7 +550,7 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def issue_kv_share(self, tma, base, full, empty, bars, ctx, n_max, n_iter, g0, first: cutlass.Constexpr,
-                       t0: cutlass.Constexpr = 0):
+                       t0=0):
         """16-bit paged: one warp's share of the boxes (first, first + kv_issuers, ...) of K or V, kv blocks
         n_max - 1 - t for t in t0 .. n_iter - 1 (ring positions g0 + t)."""
         lane = cute.arch.lane_idx()
@@ -562,19 +580,31 @@ class SdpaPrefillSm90:
 
     @cute.jit
     def produce_paged_item(self, tma_q, tma_k, tma_v, storage, tables_p, bidx, kv_head, m_block, q_start, s_kv, n_min,
-                           n_max, g0, q_count):
+                           n_max, g0, q_count, draw=None):
         """Paged producer warp 0: one work item's loads, blocks n_min..n_max of its tile (tables_p: the launch's
         GQA group, slab tokens, page table and its strides, row groups a page); the ring position and Q count
-        after it."""
+        after it. With draw (16-bit paged: draw_start for the CTA's next item) the draw goes before the item's
+        last K block, and its value is returned third."""
         group, slab_tokens, page_table, pt_stride_b, pt_stride_p, kv_groups_per_page = tables_p
         tile = SimpleNamespace(s_kv=s_kv, q_start=q_start, kv_head=kv_head, group=group, slab_tokens=slab_tokens,
                                page_table=page_table, pt_row=Int64(bidx) * pt_stride_b, pt_stride_p=pt_stride_p,
                                kv_groups_per_page=kv_groups_per_page)
-        self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_max - n_min, g0, q_count)
-        return g0 + (n_max - n_min), q_count + 1
+        n_iter = n_max - n_min
+        if cutlass.const_expr(draw is None):
+            self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_iter, g0, q_count)
+            return g0 + n_iter, q_count + 1
+        # the draw before the last K block: its atomic's round trip overlaps the wait for that block's ring slot
+        # instead of delaying the next item's first loads (the chunk with no prefix, 128-key tiles of 1-16 blocks:
+        # 1.1% fewer SM cycles at S 2048; benchmarks/results/paged_varlen_experiment_draw_early.json)
+        t_last = cutlass.max(n_iter - 1, 1)
+        self.producer_paged(tma_q, tma_k, tma_v, storage, tile, m_block, n_max, n_iter, g0, q_count, t_last)
+        taken = draw()
+        self.issue_kv_share(tma_k, storage.sK.data_ptr(), self.k_full, self.k_empty, storage.bars.data_ptr(), tile,
+                            n_max, n_iter, g0, 0, t_last)
+        return g0 + n_iter, q_count + 1, taken
 
     @cute.jit
-    def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count):
+    def producer_paged(self, tma_q, tma_k, tma_v, storage, ctx, m_block, n_max, n_iter, g0, q_count, t_end=None):
         """producer_tile for a paged variant, run by the whole producer warp 0 (the page-table reads and the
         work-item scan are warp-wide; one lane issues): Q of the GQA-packed tile (box (64 columns, group
         heads, 64 / group tokens) per consumer warpgroup) after the first K block, then K/V from their pages, last
@@ -613,8 +643,9 @@ class SdpaPrefillSm90:
                 pg = self.page_id(ctx, n_max - 1 - t, lane)
                 self.load_kv_paged(tma_k, sK, k_full, k_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
                 self.load_kv_paged(tma_v, sV, v_full, v_empty, g0 + t, n_max - 1 - t, pg, ctx.kv_head, bars)
-        else:
-            self.issue_kv_share(tma_k, sK, k_full, k_empty, bars, ctx, n_max, n_iter, g0, 0, 1)
+        else:  # 16-bit: warp 0's share of K, blocks up to t_end (produce_paged_item issues the rest)
+            self.issue_kv_share(tma_k, sK, k_full, k_empty, bars, ctx, n_max, n_iter if t_end is None else t_end, g0,
+                                0, 1)
 
     @cute.jit
     def convert_block(self, storage, g, valid_rows, ctid, is_v: cutlass.Constexpr):
@@ -1358,6 +1389,7 @@ class SdpaPrefillSm90:
                             bidx, kv_head, m_block, q_start, s_q, s_kv = self.paged_tile(t_idx, tidx, *paged_args)
                             kv_range = self.paged_kv_range(m_block, s_q, s_kv, slab_tokens, window_left)
                             tile_splits = self.tile_splits(kv_range, splits)
+                            taken = Int32(0)
                             if split < tile_splits:
                                 word = split + (tile_splits << 8)
                                 if tile_splits > 1:
@@ -1366,10 +1398,20 @@ class SdpaPrefillSm90:
                                 self.publish_tile(bars, handoff, record, word)
                                 handoff = handoff + 1
                                 n_min, n_max, _, _ = self.item_kv_range(kv_range, word)
-                                g0, q_count = self.produce_paged_item(tma_q, tma_k, tma_v, storage, tables_p, bidx,
-                                                                      kv_head, m_block, q_start, s_kv, n_min, n_max,
-                                                                      g0, q_count)
-                            r = self.draw_next(tile_counter, n_tiles * splits, n_ctas, tidx)
+                                item = (tma_q, tma_k, tma_v, storage, tables_p, bidx, kv_head, m_block, q_start, s_kv,
+                                        n_min, n_max, g0, q_count)
+                                if cutlass.const_expr(self.draws_early):
+                                    g0, q_count, taken = self.produce_paged_item(
+                                        *item, lambda: self.draw_start(tile_counter, tidx))
+                                else:
+                                    g0, q_count = self.produce_paged_item(*item)
+                            else:
+                                if cutlass.const_expr(self.draws_early):
+                                    taken = self.draw_start(tile_counter, tidx)
+                            if cutlass.const_expr(self.draws_early):
+                                r = self.draw_finish(tile_counter, taken, n_tiles * splits, n_ctas, tidx)
+                            else:
+                                r = self.draw_next(tile_counter, n_tiles * splits, n_ctas, tidx)
                     self.publish_tile(bars, handoff, (0,))  # no tile left
                 if cutlass.const_expr(self.fp8):
                     if warp_idx > 0:  # warps 1..3, the conversion warps, walk the same blocks
