@@ -14,7 +14,9 @@ into paged KV-cache pools in place (vLLM's ``reshape_and_cache_flash``).
 * The ops are defined with ``torch.library`` (a schema, one Python kernel for CUDA and CPU, a fake
   implementation giving shapes and dtypes), so ``torch.compile(fullgraph=True)`` traces through them
   and ``FakeTensorMode`` / meta tensors propagate shapes; their eager call is a dispatcher call into
-  one Python function (no ``custom_op`` wrapper).
+  one Python function (no ``custom_op`` wrapper). This module's functions (``aotc.torch.attention``, ...)
+  call that function directly, skipping the dispatcher, on plain CUDA tensors outside torch.compile's
+  tracing and any dispatch or function mode (_direct): the same work, a third less host cost.
 * On CUDA tensors a call reads each tensor's pointer, shape, strides and dtype once, looks its prepared
   plan up by those (aotc.runtime plans: validated when first made) and launches on the current torch
   stream: no allocation but the returned out/LSE of the functional ops, no memset, no sync, so it works
@@ -86,6 +88,7 @@ SCHEMAS = {
 _lock = threading.RLock()
 _ops = None  # torch.ops.aotc once registered (a global, so torch.compile traces the wrappers below)
 _lib = None  # the torch.library.Library holding the definitions (kept alive)
+_torch_module = None  # torch, once register() imported it (a global: torch.compile traces _run)
 _runtime = None
 
 
@@ -279,13 +282,13 @@ _FAKES = {"prefill": _fake_dense, "prefill_out": _fake_out, "prefill_varlen": _f
 # ---- registration -------------------------------------------------------------------------------
 def register():
     """Register torch.ops.aotc.* (idempotent; imports torch); returns torch.ops.aotc."""
-    global _ops, _lib
+    global _ops, _lib, _torch_module
     if _ops is not None:
         return _ops
     with _lock:
         if _ops is not None:
             return _ops
-        torch = _torch()
+        torch = _torch_module = _torch()
         if not hasattr(torch.library, "register_fake"):
             raise ImportError(f"aotc.torch needs torch >= 2.4 (torch.library.register_fake); this is torch "
                               f"{torch.__version__}")
@@ -310,14 +313,39 @@ def _already_defined(torch) -> bool:
 
 
 # ---- Python entry points ------------------------------------------------------------------------
+# An eager call on plain CUDA tensors runs the op's kernel function itself: the dispatcher's boxing of the schema's
+# arguments was a third of torch.ops.aotc.attention's host cost (44.5 us against 28.9 us for the function under it,
+# H100; benchmarks/results/paged_varlen_h100_fe251c0.json). What must see the op still does: torch.compile's
+# tracing, any Python dispatch or function mode (FakeTensorMode, functionalization), tensor subclasses, autograd.
+def _direct(torch, x) -> bool:
+    """Whether a call whose first tensor is x may skip the dispatcher (see above); torch: the module, passed in
+    (dynamo does not trace importlib)."""
+    if torch.compiler.is_compiling():  # first: dynamo never looks past it
+        return False
+    c = torch._C
+    dispatch_modes = getattr(c, "_len_torch_dispatch_stack", None)
+    function_mode = getattr(c, "_is_torch_function_mode_enabled", None)
+    if dispatch_modes is None or function_mode is None:  # a torch without them: always the dispatcher
+        return False
+    return (type(x) is torch.Tensor and x.is_cuda and not (x.requires_grad and torch.is_grad_enabled())
+            and dispatch_modes() == 0 and not function_mode())
+
+
+def _run(name: str, *args):
+    """torch.ops.aotc.<name>(*args), or, where _direct(args[0]), the op's kernel function called directly."""
+    ops = _ops or register()
+    if _direct(_torch_module, args[0]):
+        return _KERNELS[name](*args)
+    return getattr(ops, name)(*args)
+
+
 def prefill(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None,
             window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse) = attention over dense q [B, S_q, H_q, D], k/v [B, S_kv, H_kv, D]: torch.ops.aotc.prefill,
     or prefill_out into the given out (and lse) buffers. window_left, softcap, sinks: Runtime.prefill's."""
-    ops = _ops or register()
     if out is None:
-        return ops.prefill(q, k, v, causal, scale, window_left, softcap, sinks)
-    ops.prefill_out(q, k, v, out, lse, causal, scale, window_left, softcap, sinks)
+        return _run("prefill", q, k, v, causal, scale, window_left, softcap, sinks)
+    _run("prefill_out", q, k, v, out, lse, causal, scale, window_left, softcap, sinks)
     return out, lse
 
 
@@ -325,12 +353,11 @@ def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q: int, max_
                    causal: bool = False, scale: float | None = None, out=None, lse=None,
                    window_left: int | None = None, softcap: float | None = None, sinks=None):
     """(out, lse [H_q, total_q]) over packed tokens q [total_q, H_q, D] with int32 cu_seqlens [B + 1]."""
-    ops = _ops or register()
     if out is None:
-        return ops.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal, scale,
-                                  window_left, softcap, sinks)
-    ops.prefill_varlen_out(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal, scale,
-                           window_left, softcap, sinks)
+        return _run("prefill_varlen", q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, causal, scale,
+                    window_left, softcap, sinks)
+    _run("prefill_varlen_out", q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, out, lse, causal,
+         scale, window_left, softcap, sinks)
     return out, lse
 
 
@@ -347,12 +374,11 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
     rt.decode_workspace_bytes) must be written by nothing else between decode calls (its last bytes hold
     counters every call leaves at zero).
     """
-    ops = _ops or register()
     if out is None:
-        return ops.decode(q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale,
-                          window_left, softcap, sinks, k_descale, v_descale)
-    ops.decode_out(q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
-                   window_left, softcap, sinks, k_descale, v_descale)
+        return _run("decode", q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale,
+                    window_left, softcap, sinks, k_descale, v_descale)
+    _run("decode_out", q, k_cache, v_cache, seqlens_kv, page_table, out, lse, workspace, kv_layout, chunks, scale,
+         window_left, softcap, sinks, k_descale, v_descale)
     return out, lse
 
 
@@ -368,12 +394,11 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     or [1]: attention over k_fp8 * k_descale, v_fp8 * v_descale). max_seqlen_q, min_seqlen_q: optional bounds on
     the sequences' query counts (Runtime.attention: each can skip one of the two kernels' launches); prefill_sms:
     the paged kernel on that many SMs, the decode kernel beside it (Runtime.attention)."""
-    ops = _ops or register()
     if out is None:
         out = _torch().empty_like(q)
-    ops.attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
-                  kv_layout, decode_query_len, max_seqlen_kv, window_left, softcap, sinks, k_descale, v_descale,
-                  min_seqlen_q, prefill_sms)
+    _run("attention", q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,
+         kv_layout, decode_query_len, max_seqlen_kv, window_left, softcap, sinks, k_descale, v_descale, min_seqlen_q,
+         prefill_sms)
     return out, lse
 
 
@@ -383,8 +408,7 @@ def kv_write(key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NH
     slots of slot_mapping [num_tokens <= tokens]: torch.ops.aotc.kv_write. A slot of -1 (padding), or any
     other slot outside the pools, is skipped. torch.float8_e4m3fn pools take k_scale, v_scale (fp32 [H_kv] or
     [1]) and get e4m3(x / scale), saturated to +-448, rounded to nearest even."""
-    ops = _ops or register()
-    ops.kv_write(key, value, k_cache, v_cache, slot_mapping, kv_layout, k_scale, v_scale)
+    _run("kv_write", key, value, k_cache, v_cache, slot_mapping, kv_layout, k_scale, v_scale)
 
 
 if "torch" in sys.modules:  # torch is already here: make torch.ops.aotc.* available at once

@@ -489,6 +489,7 @@ def host_rows(rt, fa3, calls: int, seed: int) -> list[dict]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    import aotc.torch
     from benchmarks.bench_runtime import time_calls
 
     model = MODELS["llama"]
@@ -519,6 +520,9 @@ def host_rows(rt, fa3, calls: int, seed: int) -> list[dict]:
     calls_of = {
         "host_op_attention": ("torch.ops.aotc.attention (caller buffers)", True, lambda i: op.attention(
             qs[i % ring], pool.k, pool.v, pool.cu, pool.sl, pool.pt, outs[i % ring], lses[i % ring], max_seqlen_q=1)),
+        "host_fn_attention": ("aotc.torch.attention (caller buffers; the op's function, no dispatcher)", True,
+                              lambda i: aotc.torch.attention(qs[i % ring], pool.k, pool.v, pool.cu, pool.sl, pool.pt,
+                                                             out=outs[i % ring], lse=lses[i % ring], max_seqlen_q=1)),
         "host_rt_attention": ("Runtime.attention (one call, cached plan)", True, lambda i: rt.attention(
             qs[i % ring], pool.k, pool.v, outs[i % ring], pool.cu, pool.sl, pool.pt, max_seqlen_q=1,
             lse=lses[i % ring], stream=stream)),

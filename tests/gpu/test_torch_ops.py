@@ -145,3 +145,57 @@ def test_out_ops_write_caller_buffers_and_replay_in_a_graph(ops):
     torch.cuda.synchronize()
     check_close(op, sdpa(qp, kp, vp, True), TOL, "prefill_out")
     assert torch.isfinite(lp).all()
+
+
+def test_the_python_functions_skip_the_dispatcher_where_nothing_must_see_the_op(ops, monkeypatch):
+    """aotc.torch.kv_write and aotc.torch.attention on plain CUDA tensors run the ops' functions directly (the
+    dispatcher's boxing was a third of the op's host cost): the same bytes as torch.ops.aotc.*, without reaching
+    torch.ops.aotc (a stub that fails stands in for it); under a dispatch mode the mode sees the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import aotc.torch as aotc_torch
+
+    H_q, H_kv, D, page = 8, 2, 128, 16
+    q_lens, kv_lens = [5, 1, 40], [40, 17, 100]
+    n = max(math.ceil(L / page) for L in kv_lens)
+    pools = [torch.randn(len(kv_lens) * n, page, H_kv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
+    page_table = torch.randperm(len(kv_lens) * n, device="cuda", dtype=torch.int32).view(len(kv_lens), n)
+    cu = torch.tensor([0, 5, 6, 46], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor(kv_lens, dtype=torch.int32, device="cuda")
+    total = cu[-1].item()
+    q = torch.randn(total, H_q, D, dtype=torch.bfloat16, device="cuda")
+    key, value = (torch.randn(total, H_kv, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    # each sequence's new tokens are its last q_lens[b] positions
+    pos = torch.cat([torch.arange(L - s, L) for s, L in zip(q_lens, kv_lens)]).cuda()
+    seq = torch.cat([torch.full((s,), b) for b, s in enumerate(q_lens)]).cuda()
+    slots = (page_table[seq, pos // page].long() * page + pos % page)
+
+    by_op = [p.clone() for p in pools]
+    torch.ops.aotc.kv_write(key, value, by_op[0], by_op[1], slots, "NHD")
+    out_op, lse_op = torch.full_like(q, math.nan), torch.full((H_q, total), math.nan, device="cuda")
+    torch.ops.aotc.attention(q, by_op[0], by_op[1], cu, seqlens, page_table, out_op, lse_op)
+
+    class Failing:
+        def __getattr__(self, name):
+            raise AssertionError(f"torch.ops.aotc.{name} reached: the call did not skip the dispatcher")
+
+    direct = [p.clone() for p in pools]
+    out, lse = torch.full_like(q, math.nan), torch.full((H_q, total), math.nan, device="cuda")
+    with monkeypatch.context() as m:
+        m.setattr(aotc_torch, "_ops", Failing())
+        aotc_torch.kv_write(key, value, direct[0], direct[1], slots)
+        aotc_torch.attention(q, direct[0], direct[1], cu, seqlens, page_table, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert torch.equal(direct[0], by_op[0]) and torch.equal(direct[1], by_op[1])
+    assert torch.equal(out, out_op) and torch.equal(lse, lse_op) and not out.isnan().any()
+
+    seen = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        aotc_torch.attention(q, direct[0], direct[1], cu, seqlens, page_table, out=out, lse=lse)
+    assert "aotc.attention.default" in seen, seen
