@@ -514,7 +514,9 @@ def test_unequal_chunks_draw_every_tile_on_every_call(rt):
     paged kernel's CTAs draw their tiles from the stream's counter (RaggedTiles). Every tile runs once whoever
     draws it, and each call leaves the counter at 0 for the next: three calls in a row give the reference and the
     same bits (a counter left non-zero would skip tiles: NaN rows); calls queued on two streams at once, each with
-    a counter of its own, each get every row of their own."""
+    a counter of its own, each get every row of their own (there every row goes to the paged kernel,
+    decode_query_len 0: the decode rows' split workspace is the runtime's one arena, which plans must not use on
+    two streams at once, aotc.runtime.workspace; sharing it, a decode row came out wrong)."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     b = PagedBatch([512, 4096, 8704, 1536, 4100, 700], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2048 + 2)
     b.cache.poison(POISON, tails=False)
@@ -539,7 +541,7 @@ def test_unequal_chunks_draw_every_tile_on_every_call(rt):
         for x, st in zip(ios, streams):
             with torch.cuda.stream(st):
                 rt.attention(x.q, b.cache.k, b.cache.v, x.out, *meta, lse=x.lse, max_seqlen_q=512,
-                             max_seqlen_kv=8704, stream=st)
+                             max_seqlen_kv=8704, stream=st, decode_query_len=0)
     for s, (x, r) in enumerate(zip(ios, refs2)):
         b.check(step, x, f"unequal chunks on stream {s}", refs=r)
 
