@@ -149,7 +149,7 @@ def test_out_ops_write_caller_buffers_and_replay_in_a_graph(ops):
 
 def test_the_python_functions_skip_the_dispatcher_where_nothing_must_see_the_op(ops, monkeypatch):
     """aotc.torch.kv_write and aotc.torch.attention on plain CUDA tensors run the ops' functions directly (the
-    dispatcher's boxing was a third of the op's host cost): the same bytes as torch.ops.aotc.*, without reaching
+    dispatcher's boxing was a sixth of the op's host cost): the same bytes as torch.ops.aotc.*, without reaching
     torch.ops.aotc (a stub that fails stands in for it); under a dispatch mode the mode sees the op."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
