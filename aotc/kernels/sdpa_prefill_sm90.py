@@ -72,10 +72,10 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_early, draws_tiles,
+                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_tiles,
                                           kv_box_rows, kv_fp8, kv_split_range, kv_splits, launch_facts, page_size,
                                           registers_after_setmaxnreg, why_registers_do_not_fit)
-from ..families.sdpa_prefill_sm90 import row_group_kv
+from ..families.sdpa_prefill_sm90 import draws_early, row_group_kv
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
 from .fp8 import e4m3x4_to_f16x2x2, exponent_of, pow2
