@@ -36,7 +36,8 @@ tile, against 128, at every page size), from half dense prefill's LONG_KV; past 
 (page_table.shape[1] * page_size; dense KV: S_max) it is refused. A step of fewer tiles than SMs (short suffixes
 over long contexts) has the paged kernel split each tile's kv blocks over several CTAs, merged in the same launch,
 with a workspace from the runtime's split arena (Runtime.split_workspaces; aotc.families.sdpa_prefill_sm90's
-KV splits): plans of one runtime must not run on two streams at once, as for the decode rows' workspace.
+KV splits): plans of one runtime must not run on two streams at once, as for the decode rows' workspace, and a
+plan's own decode workspace (prepare_attention(workspace=)) does not lift it for the splits: a Runtime each.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
