@@ -22,7 +22,7 @@ into paged KV-cache pools in place (vLLM's ``reshape_and_cache_flash``).
   plan up by those (aotc.runtime plans: validated when first made) and launches on the current torch
   stream: no allocation but the returned out/LSE of the functional ops, no memset, no sync, so it works
   inside ``torch.cuda.graph`` capture once a first call outside capture has prepared the plan (the usual
-  warm-up). Decode without a workspace uses the runtime's shared arena (aotc.runtime.workspace).
+  warm-up). Decode without a workspace uses the stream's buffer of the runtime's arena (aotc.runtime.workspace).
 * Kernels come from a module-level Runtime: :func:`set_runtime` (a Runtime or bundle paths), else
   ``aotc.load()`` on first use.
 
@@ -371,9 +371,9 @@ def decode(q, k_cache, v_cache, seqlens_kv, page_table=None, *, workspace=None, 
     of a torch.float8_e4m3fn cache (attention over k_fp8 * k_descale, v_fp8 * v_descale).
 
     The work partition follows the device-side seqlens_kv at every call (chunks: its target chunk count,
-    one wave of CTAs by default). workspace: None for the runtime's shared arena; one passed in (uint8,
-    rt.decode_workspace_bytes) must be written by nothing else between decode calls (its last bytes hold
-    counters every call leaves at zero).
+    one wave of CTAs by default). workspace: None for the stream's buffer of the runtime's arena; one passed
+    in (uint8, rt.decode_workspace_bytes) must be written by nothing else between decode calls (its last bytes
+    hold counters every call leaves at zero).
     """
     if out is None:
         return _run("decode", q, k_cache, v_cache, seqlens_kv, page_table, workspace, kv_layout, chunks, scale,

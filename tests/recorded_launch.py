@@ -55,7 +55,8 @@ SPLITS = 1 << 41
 
 
 def split_arena():
-    """A fake runtime's split_workspaces (aotc.runtime.workspace.WorkspaceArena): one buffer at SPLITS, exactly
-    as large as a plan asks (its partials at the front, its counters at the back)."""
-    return SimpleNamespace(take=lambda device, partials, counters: SimpleNamespace(ptr=SPLITS,
-                                                                                   nbytes=partials + counters))
+    """A fake runtime's split_workspaces (aotc.runtime.workspace.WorkspaceArena): each stream's buffer at
+    SPLITS + stream * 2^24, exactly as large as a plan asks (its partials at the front, its counters at the back)."""
+    return SimpleNamespace(reserve=lambda device, partials, counters: None,
+                           get=lambda device, stream, partials, counters: SimpleNamespace(
+                               ptr=SPLITS + (stream << 24), nbytes=partials + counters))

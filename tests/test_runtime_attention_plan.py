@@ -303,9 +303,9 @@ def test_the_key_scalars_are_checked_before_they_are_hashed(launches, name, bad)
 
 
 def test_the_paged_kernel_gets_its_kv_split_workspace(launches):
-    """The paged kernel's KV splits: a buffer of the runtime's split arena sized for the grid's CTAs
-    (split_workspace_bytes), the partials at its front and the counters at its back, at most MAX_KV_SPLITS a
-    tile; a q (a per-call input) inside that buffer, which the kernel writes, is refused before any launch."""
+    """The paged kernel's KV splits: the launch stream's buffer of the runtime's split arena sized for the grid's
+    CTAs (split_workspace_bytes), the partials at its front and the counters at its back, at most MAX_KV_SPLITS a
+    tile; a step on another stream gets that stream's buffer (two streams' steps may run at once)."""
     rt = FakeRuntime()
     q, k, v, o, cu, sl, pt, _ = step(10)
     A.attention(rt, q, k, v, o, cu, sl, pt)
@@ -313,8 +313,9 @@ def test_the_paged_kernel_gets_its_kv_split_workspace(launches):
     got = launches[-1]
     assert (got["split_partials"], got["split_counters"]) == (SPLITS, SPLITS + partials)
     assert got["kv_splits_max"] == MAX_KV_SPLITS and counters == 132 * 2 * 4
-    n = len(launches)
-    inside = tensor(SPLITS + 4096, q.shape, q.strides, "bf16")
-    with pytest.raises(ArgumentError, match="split_workspace"):
-        A.attention(rt, inside, k, v, o, cu, sl, pt)
-    assert len(launches) == n
+    A.attention(rt, q, k, v, o, cu, sl, pt, stream=0x1000)
+    A.attention(rt, q, k, v, o, cu, sl, pt)
+    on_side, again = launches[-2:]
+    assert on_side["stream"] == 0x1000 and on_side["split_partials"] == SPLITS + (0x1000 << 24)
+    assert on_side["split_counters"] == on_side["split_partials"] + partials
+    assert (again["split_partials"], again["split_counters"]) == (SPLITS, SPLITS + partials)

@@ -186,6 +186,7 @@ def device(monkeypatch):
     # and its KV splits a workspace of the runtime's split arena (aotc.runtime.workspace): a stand-in too
     monkeypatch.setattr(workspace, "zeroed_buffer", lambda nbytes, allocate=None: SimpleNamespace(ptr=1 << 41,
                                                                                                   nbytes=nbytes))
+    monkeypatch.setattr(workspace, "_capturing", lambda stream: False)  # (no driver to ask)
     StubDecodePlan.made = []
     return dev
 

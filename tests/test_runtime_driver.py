@@ -234,6 +234,16 @@ def test_workspace_memory_and_memset(stub, monkeypatch):
         driver.DeviceBuffer(1 << 40)
 
 
+def test_a_stream_s_capture_status(stub):
+    """workspace.WorkspaceArena allocates for a new stream only where it is not capturing a CUDA graph."""
+    status = ctypes.c_int.in_dll(stub, "stub_capture_status")
+    assert driver.stream_capturing(0x5000) is False
+    for capturing in (1, 2):  # CU_STREAM_CAPTURE_STATUS_ACTIVE, _INVALIDATED
+        status.value = capturing
+        assert driver.stream_capturing(0x5000) is True
+    status.value = 0
+
+
 def test_copy_to_device_passes_address_bytes_and_size(stub):
     """A dense-KV attention plan's page table goes up with copy_to_device (cuMemcpyHtoD's C arguments)."""
     import array

@@ -1,7 +1,8 @@
-"""The split-decode workspace arena (aotc.runtime.workspace) without a GPU: plans share a device's buffer
-where it fits, a larger one is allocated (and the old kept) where not, no plan's partials ever meet another
-plan's counters in one buffer, and a plan the cache evicts leaves its buffer alive for graphs that
-captured its launches."""
+"""The split workspace arena (aotc.runtime.workspace) without a GPU: each stream gets a buffer of its own (two
+streams' steps may run at once), taken from a spare a plan reserved when it was made (so a CUDA graph capture's
+first launch allocates nothing), shared by that stream's plans where it fits and replaced by a larger one where
+not; no plan's partials ever meet another plan's counters in one buffer, and a plan the cache evicts leaves its
+buffer alive for graphs that captured its launches."""
 from __future__ import annotations
 
 import gc
@@ -34,32 +35,72 @@ class FakeBuffer:
         FakeBuffer.next_ptr += (nbytes + (1 << 20)) // 16 * 16
 
 
-def test_plans_share_a_buffer_that_fits_and_a_larger_need_gets_a_new_one():
-    arena = WorkspaceArena(FakeBuffer)
-    a = arena.take(0, 1000, 64)
+def arena(capturing=()):
+    """An arena of FakeBuffers whose streams in `capturing` are capturing a CUDA graph."""
+    return WorkspaceArena(FakeBuffer, capturing=lambda stream: stream in capturing)
+
+
+def test_each_stream_gets_a_buffer_of_its_own_and_keeps_it_while_it_fits():
+    ws = arena()
+    ws.reserve(0, 1000, 64)
+    a = ws.get(0, 0x10, 1000, 64)
     assert a.nbytes >= 1064 and a.nbytes % 16 == 0
-    assert arena.take(0, 800, 32) is a  # fits beside the first plan's
-    b = arena.take(0, 5000, 64)  # does not: a new buffer, at least 1.5x, for every later plan too
-    assert b is not a and b.nbytes >= max(5064, int(a.nbytes * GROWTH))
-    assert arena.take(0, 1000, 64) is b
-    assert arena.take(1, 10, 16) is not b  # another device, its own arena
-    assert arena.nbytes == sum(x.nbytes for x in {id(x): x for x in (a, b, arena.take(1, 10, 16))}.values())
+    assert ws.get(0, 0x10, 800, 32) is a  # fits beside the first plan's
+    b = ws.get(0, 0x20, 1000, 64)
+    assert b is not a  # another stream: steps on both may run at once
+    assert ws.get(0, 0x10, 1000, 64) is a and ws.get(0, 0x20, 10, 16) is b
+    ws.reserve(0, 5000, 64)  # a larger plan: the spare grows (the old spare, never given out, is dropped)
+    c = ws.get(0, 0x10, 5000, 64)
+    assert c not in (a, b) and c.nbytes >= 5064
+    assert ws.get(0, 0x10, 1000, 64) is c and ws.get(0, 0x20, 1000, 64) is b
+    assert ws.get(1, 0x10, 10, 16) not in (a, b, c)  # another device, its own buffers
+    # held: every buffer given out, and one spare a device
+    assert ws.nbytes == sum(x.nbytes for x in (a, b, c, ws.get(1, 0x10, 0, 0))) + sum(
+        x.memory.nbytes for x in ws._spare.values())
+
+
+def test_a_capturing_stream_takes_the_spare_without_allocating():
+    """torch.cuda.graph warms up on the current stream, then captures on a stream of its own, where nothing may be
+    allocated: the warm-up's stream replaced the spare it took, so the capture finds one."""
+    made = []
+
+    def allocate(nbytes):
+        made.append(FakeBuffer(nbytes))
+        return made[-1]
+
+    ws = WorkspaceArena(allocate, capturing=lambda stream: stream == 0xC0)
+    ws.reserve(0, 4096, 64)
+    warm = ws.get(0, 0x10, 4096, 64)
+    assert len(made) == 2  # the spare it took, and the next one
+    captured = ws.get(0, 0xC0, 4096, 64)
+    assert captured is made[1] and captured is not warm and len(made) == 2
+    with pytest.raises(ArgumentError) as e:  # a second new stream captured before any eager call: no spare left
+        WorkspaceArena(allocate, capturing=lambda stream: True).get(0, 0xC1, 4096, 64)
+    assert e.value.name == "stream" and "capture" in str(e.value)
+    ws.get(0, 0x11, 4096, 64)  # an eager call on a new stream: allocates, and a spare again
+    assert len(made) == 4
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 1 << 22), st.integers(0, 1 << 14)), min_size=1, max_size=30))
-def test_no_plan_s_partials_meet_another_plan_s_counters(requests):
+@given(st.lists(st.tuples(st.integers(0, 1 << 22), st.integers(0, 1 << 14), st.integers(0, 3)), min_size=1,
+                max_size=30))
+def test_no_plan_s_partials_meet_another_plan_s_counters_and_no_buffer_serves_two_streams(requests):
     """Each plan writes [0, partials) and [nbytes - counters, nbytes) of the buffer it is given (partials
     from the front, counters ending at the back: decode.workspace_layout); in one buffer, no plan's
-    partials may overlap any plan's counters (two plans' counters may overlap: every step leaves them 0)."""
-    arena = WorkspaceArena(FakeBuffer)
+    partials may overlap any plan's counters (two plans' counters may overlap: every step leaves them 0),
+    and a buffer is one stream's only."""
+    ws = arena()
     given_to: dict[int, list] = {}
-    for partials, counters in requests:
-        buf = arena.take(0, partials, counters)
+    for partials, counters, stream in requests:
+        ws.reserve(0, partials, counters)
+        buf = ws.get(0, stream, partials, counters)
         assert buf.nbytes >= partials + counters
-        given_to.setdefault(id(buf), [buf, []])[1].append((partials, counters))
-    for buf, plans in given_to.values():
+        given_to.setdefault(id(buf), [buf, [], set()])
+        given_to[id(buf)][1].append((partials, counters))
+        given_to[id(buf)][2].add(stream)
+    for buf, plans, streams in given_to.values():
         assert max(p for p, _ in plans) + max(c for _, c in plans) <= buf.nbytes
+        assert len(streams) == 1
 
 
 # ---- DecodePlan on the arena, the launch recorded (as tests/test_runtime_attention_plan.py does) --------
@@ -80,7 +121,7 @@ class DecodeRuntime:
 
     def __init__(self):
         self.plans = {}
-        self.workspaces = WorkspaceArena(FakeBuffer)
+        self.workspaces = arena()
 
     def device(self):
         return 0
@@ -115,17 +156,35 @@ def step(batch, base):
             tensor(base + 4 * GAP, (batch,), (1,), "int32"), tensor(base + 5 * GAP, (batch, 4), (4, 1), "int32"))
 
 
-def test_decode_plans_of_every_batch_size_share_the_arena(launches):
+def test_decode_plans_of_every_batch_size_share_the_stream_s_buffer(launches):
     rt = DecodeRuntime()
     small = dec.DecodePlan(rt, *step(2, 1 << 32))
     large = dec.DecodePlan(rt, *step(64, 1 << 33))
     again = dec.DecodePlan(rt, *step(8, 1 << 34))
-    bufs = {id(p._arena_buffer) for p in (small, large, again)}
-    assert len(bufs) <= 2 and again._arena_buffer is large._arena_buffer
     for p in (small, large, again):
-        ws = p._arena_buffer
-        vals = p.launcher.params.slots
-        assert ws.ptr <= vals["o_partial"].value < vals["lse_partial"].value < vals["counters"].value < ws.ptr + ws.nbytes
+        p.run(p._slots[0].value, p._slots[1].value, stream=0x10)
+    bufs = {launches[i]["o_partial"] for i in range(3)}
+    assert len(bufs) == 1  # the spare the stream took fits every plan made before its first launch
+    buf = rt.workspaces.get(0, 0x10, 0, 0)
+    for got in launches:
+        assert buf.ptr <= got["o_partial"] < got["lse_partial"] < got["counters"] < buf.ptr + buf.nbytes
+
+
+def test_a_decode_plan_on_two_streams_writes_two_buffers(launches):
+    """Two micro-batches overlapped on two streams (or a graph replayed beside eager steps): the same plan's
+    launches there must not share partials or counters."""
+    rt = DecodeRuntime()
+    plan = dec.DecodePlan(rt, *step(8, 1 << 32))
+    q, o = plan._slots[0].value, plan._slots[1].value
+    for stream in (0x10, 0x20, 0x10):
+        plan.run(q, o, stream=stream)
+    first, second, third = launches
+    assert first["stream"] == third["stream"] == 0x10 and second["stream"] == 0x20
+    assert (first["o_partial"], first["counters"]) == (third["o_partial"], third["counters"])
+    a, b = (rt.workspaces.get(0, s, 0, 0) for s in (0x10, 0x20))
+    assert a is not b
+    assert a.ptr <= first["o_partial"] < first["counters"] < a.ptr + a.nbytes
+    assert b.ptr <= second["o_partial"] < second["counters"] < b.ptr + b.nbytes
 
 
 def test_an_evicted_plan_s_workspace_stays_alive(launches):
@@ -134,10 +193,8 @@ def test_an_evicted_plan_s_workspace_stays_alive(launches):
     rt = DecodeRuntime()
     args = step(4, 1 << 32)
     dec.decode(rt, *args)
-    first = next(iter(rt.plans.values()))
-    buf = weakref.ref(first._arena_buffer)
+    buf = weakref.ref(rt.workspaces.get(0, 0, 0, 0))
     counters = launches[-1]["counters"]
-    del first
     for i in range(3):  # other layouts push the first plan out of the two-plan cache
         dec.decode(rt, *step(4 + i, (1 << 33) + i * (1 << 38)))
     gc.collect()
@@ -147,12 +204,12 @@ def test_an_evicted_plan_s_workspace_stays_alive(launches):
 def test_a_call_on_another_stream_reuses_the_plan(launches):
     """torch.cuda.graph captures on a stream of its own after a warm-up call on the current one: the capture
     must find the warm-up's plan (a plan made under capture would allocate and copy), so plans are not per
-    stream (a first version keyed them so, and the GPU suite's graph tests failed)."""
+    stream (a first version keyed them so, and the GPU suite's graph tests failed); the workspace is."""
     rt = DecodeRuntime()
     args = step(4, 1 << 32)
     dec.decode(rt, *args, stream=0x1000)
     dec.decode(rt, *args, stream=0x2000)
-    assert len({id(p) for p in rt.plans.values()}) == 1 and launches[-1]["counters"] == launches[-2]["counters"]
+    assert len({id(p) for p in rt.plans.values()}) == 1 and launches[-1]["counters"] != launches[-2]["counters"]
 
 
 def test_a_caller_s_workspace_may_not_overlap_the_sinks(launches):

@@ -69,10 +69,11 @@ class Runtime:
             seen.add(ident)
             self.kernels.setdefault(item.variant.family, []).append(LoadedKernel(item))
         self.plans: dict = {}  # layout key -> prepared plan, for the one-call APIs
-        # split decode's partials and counters, one arena per device that every plan without a workspace of
-        # its own shares (aotc.runtime.workspace)
+        # split decode's partials and counters: a buffer per (device, stream) that every plan without a workspace
+        # of its own launching there shares (aotc.runtime.workspace)
         self.workspaces = WorkspaceArena()
-        # the paged prefill kernel's KV splits (its own arena: a step's decode kernel may run beside it, prefill_sms)
+        # the paged prefill kernel's KV splits, per stream as well (an arena of their own: sized for the paged
+        # kernel's grid, not for the decode rows)
         self.split_workspaces = WorkspaceArena()
         # the per-stream counters of kernels that draw their tiles at run time (aotc.runtime.counters)
         self.tile_counters = TileCounters()
@@ -283,9 +284,9 @@ class Runtime:
         """Validate once for a layout; returns a DecodePlan (see aotc.runtime.decode). The work partition
         follows the device-side lengths at every step; max_seqlen_kv (optional) is checked against the page
         table's capacity; chunks: the target number of kv chunks per (KV head, row tile), one wave of CTAs
-        by default, 1 never splits; workspace: None for room in the runtime's shared arena
-        (aotc.runtime.workspace: plans sharing it must not run on two streams at once). k_descale, v_descale:
-        the fp32 scales [H_kv] or [1] of an fp8_e4m3 cache (aotc.runtime.kv_scales)."""
+        by default, 1 never splits; workspace: None for the launch stream's buffer of the runtime's arena
+        (aotc.runtime.workspace), or the caller's (plans sharing it must not run on two streams at once).
+        k_descale, v_descale: the fp32 scales [H_kv] or [1] of an fp8_e4m3 cache (aotc.runtime.kv_scales)."""
         from .decode import DecodePlan
 
         return DecodePlan(self, q, k_cache, v_cache, out, seqlens_kv, page_table, lse, max_seqlen_kv=max_seqlen_kv,
@@ -315,9 +316,9 @@ class Runtime:
                           workspace=None, k_descale=None, v_descale=None, min_seqlen_q: int | None = None):
         """Validate once for a layout; returns an AttentionPlan (see aotc.runtime.attention): ragged queries
         [total_q, H_q, D] over a paged KV cache, decode rows and prefill chunks in one call. workspace: the decode
-        rows' split workspace (rt.decode_workspace_bytes), None for the device's shared arena (plans sharing it,
-        the one-call attention's cached plans included, must not run on two streams at once: give such a plan
-        a workspace of its own, or use a Runtime per stream). k_descale, v_descale: an fp8_e4m3 cache's fp32
+        rows' split workspace (rt.decode_workspace_bytes), None for the launch stream's buffer of the runtime's arena
+        (aotc.runtime.workspace: steps on two streams may run at once; a caller's workspace serves one stream at a
+        time). k_descale, v_descale: an fp8_e4m3 cache's fp32
         scales [H_kv] or [1] (attention over k_fp8 * k_descale, v_fp8 * v_descale; aotc.runtime.kv_scales).
         max_seqlen_q, min_seqlen_q: the bounds on the query counts the plan's calls use (see attention())."""
         from .attention import AttentionPlan

@@ -36,8 +36,8 @@ tile, against 128, at every page size), from half dense prefill's LONG_KV; past 
 (page_table.shape[1] * page_size; dense KV: S_max) it is refused. A step of fewer tiles than SMs (short suffixes
 over long contexts) has the paged kernel split each tile's kv blocks over several CTAs, merged in the same launch,
 with a workspace from the runtime's split arena (Runtime.split_workspaces; aotc.families.sdpa_prefill_sm90's
-KV splits): plans of one runtime must not run on two streams at once, as for the decode rows' workspace, and a
-plan's own decode workspace (prepare_attention(workspace=)) does not lift it for the splits: a Runtime each.
+KV splits). Both kernels' workspaces are the launch stream's buffers (aotc.runtime.workspace), as its tile
+counter is, so steps on two streams (two overlapped micro-batches) may run at once through one Runtime.
 
 Dense KV (page_table=None): k_cache/v_cache [B, S_max, H_kv, D] (kv_layout "NHD") or [B, H_kv, S_max, D]
 ("HND"), any strides with the head dim contiguous, are the same memory seen as a pool of pages
@@ -69,6 +69,7 @@ from .plan import Plan, cached_plan, torch_key
 from .prefill import hopper_candidates
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
+from .workspace import StreamBuffers
 from .attention_portable import PORTABLE, PortableLaunch, check_grid, portable_fields, prefill_family, served_pages
 
 FAMILY = "sdpa_prefill_sm90"
@@ -499,14 +500,16 @@ class AttentionPlan(Plan):
             grid = (0, 0, 0)
         else:
             grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
-        split_ws = None
+        self._split_ws = self._split_values = None
         if hopper and d.batch and kernel.artifact.launch.extra.get("kv_splits"):
-            split_ws, values = self._split_workspace(runtime, device, kernel, grid[0], d.head_dim, values)
+            values = self._split_workspace(runtime, device, kernel, grid[0], d.head_dim, values)
         self.bind(kernel, grid, device, values)
         self._counters = runtime.tile_counters if hopper and kernel.artifact.launch.extra.get("draws_tiles") else None
         if self._counters is not None:
             self._counters.reserve(device)
             self._counter_slot = self.slots("tile_counter")[0]
+        if self._split_ws is not None:
+            self._split_slots = self.slots("split_partials", "split_counters")
         self._ptr_names = ("tma_q" if hopper else "q", "o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table")
         self._q_slot, self._lse_h_slot = self.slots(self._ptr_names[0], "lse_stride_h")
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "seqlens_kv", "page_table", "min_seqlen_q")
@@ -515,9 +518,8 @@ class AttentionPlan(Plan):
             self.portable.bind(self)
         self.layout = _layout(q_, o_, ls, cuq, sl, pt, rows_free=True)
         self._fixed = {"k_cache": t["k_cache"], "v_cache": t["v_cache"], **feats.inputs(), **scales.inputs()}
-        # the decode rows' split workspace: written by that kernel, so apart from every output and input
-        self._written = {"workspace": None if self.decode is None else self.decode.workspace,
-                         "split_workspace": split_ws}
+        # the decode rows' split workspace (a caller's): written by that kernel, so apart from every output and input
+        self._written = {"workspace": None if self.decode is None else self.decode.workspace}
         self._meta = {"cu_seqlens_q": cuq, "seqlens_kv": sl, "page_table": pt}
         self._io = (q_, o_, ls)
         self._rows = {}
@@ -529,16 +531,20 @@ class AttentionPlan(Plan):
         self._runtime = runtime  # its second stream, for steps with prefill_sms
         self._fork = None
 
-    def _split_workspace(self, runtime, device: int, kernel, ctas: int, head_dim: int, values: dict):
+    def _split_workspace(self, runtime, device: int, kernel, ctas: int, head_dim: int, values: dict) -> dict:
         """The paged kernel's KV-split workspace (aotc.families.sdpa_prefill_sm90.split_workspace_bytes for its grid):
-        a buffer of the runtime's split arena (aotc.runtime.workspace; held by the plan too), the partials at its
-        front and the counters at its back, and the kernel's values with it."""
+        the launch stream's buffer of the runtime's split arena (aotc.runtime.workspace), the partials at its front
+        and the counters at its back, set at each launch (run); the kernel's values with its bound."""
         partials, counters = split_workspace_bytes(ctas, int(kernel.artifact.launch.extra["block_m"]), head_dim)
-        self._split_buffer = buf = runtime.split_workspaces.take(device, partials, counters)
+        self._split_ws = StreamBuffers(runtime.split_workspaces, device, partials, counters,
+                                       lambda buf: (buf.ptr, buf.ptr + buf.nbytes - counters))
         self.split_partials_bytes = partials
-        values = {**values, "split_partials": buf.ptr, "split_counters": buf.ptr + buf.nbytes - counters,
-                  "kv_splits_max": MAX_KV_SPLITS}
-        return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device)), values
+        return {**values, "split_partials": 0, "split_counters": 0, "kv_splits_max": MAX_KV_SPLITS}
+
+    def split_partials_at(self, stream: int) -> int:
+        """The address of the KV splits' partials (split_partials_bytes) in `stream`'s split workspace, the one the
+        plan's launches on that stream write (tests poison it)."""
+        return self._split_ws.values(stream)[0]
 
     def _rows_for(self, total_q: int, lse_stride_h: int) -> _Rows:
         """The descriptor and spans of a step of total_q tokens (LSE rows lse_stride_h apart), checked as the
@@ -623,6 +629,11 @@ class AttentionPlan(Plan):
         s[5].value = 1 if alone else self.decode_query_len + 1  # the sequences it takes: 1 query or more
         if self._counters is not None:
             self._counter_slot.value = self._counters.get(self.device, stream)
+        if self._split_ws is not None:
+            split = self._split_ws.values(stream)
+            if split is not self._split_values:
+                self._split_values = split
+                self._split_slots[0].value, self._split_slots[1].value = split
         if decode_runs and prefill_sms is not None and self.portable is None and prefill_sms < self.launcher.grid[0]:
             # side by side: the paged kernel's persistent grid on prefill_sms SMs, the decode kernel on the
             # runtime's second stream taking the others (and each SM the paged kernel leaves)

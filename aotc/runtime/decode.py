@@ -21,10 +21,11 @@ chunks=1 never splits. A sequence split in several chunks has its chunks write f
 workspace and the last of them to finish (counted with an int32 counter in the workspace's last bytes)
 merges them into out and lse in the same launch.
 
-The workspace (decode_workspace_bytes; none for chunks=1) is the runtime's shared arena unless the caller
-passes one (aotc.runtime.workspace: one per device, never freed while the runtime lives, so a plan the plan
-cache evicts leaves no captured CUDA graph writing into freed memory; plans of one runtime then must not
-run at the same time on two streams). A caller's workspace has its counters zeroed when the plan is
+The workspace (decode_workspace_bytes; none for chunks=1) is the launch stream's buffer of the runtime's
+arena unless the caller passes one (aotc.runtime.workspace: a buffer per stream, so plans may run on several
+streams at once, and none freed while the runtime lives, so a plan the plan cache evicts leaves no captured
+CUDA graph writing into freed memory). A caller's workspace serves one stream at a time (plans sharing it must
+not run at the same time on two streams); it has its counters zeroed when the plan is
 prepared (a synchronous memset: prepare outside CUDA-graph capture), and every step leaves them zero, so
 between steps nothing else may write it. Plans may share one buffer of workspace_bytes() with each
 argument the largest among them: partials start at the front and counters end at the back, so the
@@ -45,6 +46,7 @@ from .features import check_features, feature_scalars, missing_kernel
 from .kv_scales import FP8, check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_output, as_stream, as_tensor
+from .workspace import StreamBuffers
 
 FAMILY = "sdpa_decode"
 DTYPES = ("fp16", "bf16")
@@ -144,20 +146,26 @@ class DecodePlan(Plan):
                                                   f"({MAX_CHUNK_SLOTS} - B) or None")
         self.chunks = chunks
         self.workspace_bytes = workspace_bytes(d.batch, d.seqlen_q, d.heads_q, d.head_dim, chunks)
-        ws = None
+        ws = self._stream_ws = self._ws_values = None
+        ws_ptr = lp_ptr = counters_ptr = 0  # an arena's: set at each launch, for its stream
+        rows = d.seqlen_q * d.heads_q
         if self.workspace_bytes:
             partials = _partials_bytes(chunks + d.batch, d.seqlen_q * d.heads_q, d.head_dim)
-            ws = self._workspace(runtime, workspace, device, t, sl, pt, ls, partials, self.workspace_bytes - partials,
-                                 {**feats.inputs(), **scales.inputs()})
-        ws_ptr = lp_ptr = counters_ptr = 0
-        rows = d.seqlen_q * d.heads_q
-        if ws is not None:
-            at = workspace_layout(d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim, chunks,
-                                  ws.nbytes_span()[1] - ws.ptr, int(facts["rows_per_cta"]))
-            ws_ptr = ws.ptr
-            lp_ptr, counters_ptr = ws_ptr + at["lse_partial"], ws_ptr + at["counters"]
-            if workspace is not None:  # the arena's buffers are zeroed when allocated
-                driver.memset_d32(counters_ptr, 0, at["n_counters"])  # every step leaves them zero again
+            rows_per_cta = int(facts["rows_per_cta"])
+
+            def pointers(ptr: int, nbytes: int) -> tuple[int, int, int, int]:
+                """o_partial, lse_partial, counters and the counters' count in a workspace of nbytes at ptr."""
+                at = workspace_layout(d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim, chunks, nbytes,
+                                      rows_per_cta)
+                return ptr, ptr + at["lse_partial"], ptr + at["counters"], at["n_counters"]
+
+            if workspace is None:  # the stream's buffer of the runtime's arena (aotc.runtime.workspace)
+                self._stream_ws = StreamBuffers(runtime.workspaces, device, partials, self.workspace_bytes - partials,
+                                                lambda buf: pointers(buf.ptr, buf.nbytes)[:3])
+            else:
+                ws = self._workspace(workspace, device, t, sl, pt, ls, {**feats.inputs(), **scales.inputs()})
+                ws_ptr, lp_ptr, counters_ptr, n_counters = pointers(ws.ptr, ws.nbytes_span()[1] - ws.ptr)
+                driver.memset_d32(counters_ptr, 0, n_counters)  # every step leaves them zero again
         q_, k_, v_, o_ = t["q"], t["k_cache"], t["v_cache"], t["out"]
         lse_strides = (0, 0, 0) if ls is None else ((0, *ls.strides) if cuq is not None else ls.strides)
         # (batch, token, head) strides: ragged Q/O have no batch axis, LSE [H_q, total_q]
@@ -190,6 +198,7 @@ class DecodePlan(Plan):
         self.layout = _layout(q_, o_, ls)
         self.layout_of = V.layouts_of({"q": q_, "out": o_, "lse": ls, "seqlens_kv": sl, "page_table": pt})
         self._slots = self.slots("q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
+        self._ws_slots = self.slots("o_partial", "lse_partial", "counters")
         self._mq, self._mo, self._ml, self._msl, self._mpt, self._mcq = self.masks(
             "q", "o", "lse", "seqlens_kv", "page_table", "cu_seqlens_q")
         # what a step's outputs must never overlap: the caches and the workspace (fixed), q and the lengths
@@ -207,15 +216,9 @@ class DecodePlan(Plan):
         another token count; the caller checked the new layout)."""
         self.launcher.params.slots["lse_stride_h"].value = stride
 
-    def _workspace(self, runtime, workspace, device: int, t: dict, sl, pt, ls, partials: int,
-                   counters: int, inputs: dict) -> TensorArg:
-        """The caller's workspace, checked (it overlaps no tensor the kernel reads, sinks included), or a buffer
-        of the runtime's arena for the device (aotc.runtime.workspace), with room for this plan's partials at
-        its front and its counters at its back."""
-        if workspace is None:
-            # held by the plan too: the buffer lives as long as the runtime or a plan launching into it
-            self._arena_buffer = buf = runtime.workspaces.take(device, partials, counters)
-            return TensorArg(buf.ptr, (buf.nbytes,), (1,), "uint8", ("cuda", device))
+    def _workspace(self, workspace, device: int, t: dict, sl, pt, ls, inputs: dict) -> TensorArg:
+        """The caller's workspace, checked: large enough, and overlapping no tensor the kernel reads (sinks
+        included)."""
         ws = as_output(workspace, "workspace")
         lo, hi = ws.nbytes_span()
         V.cuda_device({"workspace": ws}, device)
@@ -256,6 +259,11 @@ class DecodePlan(Plan):
         s[3].value = seqlens_kv or self._sl_ptr
         s[4].value = page_table or self._pt_ptr
         s[5].value = cu_seqlens_q or self._cq_ptr
+        if self._stream_ws is not None:
+            ws = self._stream_ws.values(stream)
+            if ws is not self._ws_values:
+                self._ws_values = ws
+                self._ws_slots[0].value, self._ws_slots[1].value, self._ws_slots[2].value = ws
         self._launch(stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:
@@ -394,7 +402,7 @@ def decode(runtime, q, k_cache, v_cache, out, seqlens_kv, page_table=None, lse=N
            kv_layout="NHD", chunks=None, workspace=None, softmax_scale=None, window_left=None, softcap=None,
            sinks=None, k_descale=None, v_descale=None, stream=None) -> None:
     """One call (Runtime.decode): the plan for these caches, layouts and workspace is prepared once and cached
-    (without a workspace of the caller's it takes room in the device's arena, aotc.runtime.workspace; the
+    (without a workspace of the caller's it takes room in the runtime's arena, aotc.runtime.workspace; the
     plan is not per stream, so a CUDA graph captured on its own stream after a warm-up call reuses it)."""
     max_seqlen_kv, chunks, window_left = V.as_ints(max_seqlen_kv, chunks, window_left)
     V.key_scalars(max_seqlen_kv=max_seqlen_kv, kv_layout=kv_layout, chunks=chunks, softmax_scale=softmax_scale,

@@ -76,6 +76,7 @@ _PROTOTYPES = {
     "cuMemsetD32Async": (c_uint64, c_uint, c_size_t, c_void_p),
     "cuStreamSynchronize": (c_void_p,),
     "cuStreamCreate": (_P(c_void_p), c_uint),
+    "cuStreamIsCapturing": (c_void_p, _P(c_int)),
     "cuEventCreate": (_P(c_void_p), c_uint),
     "cuEventRecord": (c_void_p, c_void_p),
     "cuStreamWaitEvent": (c_void_p, c_void_p, c_uint),
@@ -358,6 +359,13 @@ def stream_create() -> int:
     s = c_void_p()
     call("cuStreamCreate", byref(s), CU_STREAM_NON_BLOCKING)
     return s.value or 0
+
+
+def stream_capturing(stream: int) -> bool:
+    """Whether `stream` is capturing a CUDA graph (where allocating would fail and end the capture); a stream the
+    driver cannot say of (the legacy stream beside a capture answers an error) counts as capturing."""
+    status = c_int(0)
+    return function("cuStreamIsCapturing")(stream or None, byref(status)) != 0 or status.value != 0
 
 
 def event_create() -> int:

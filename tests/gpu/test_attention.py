@@ -252,14 +252,15 @@ SPLIT_CASES = [CASES[i] for i in (0, 1, 4, 6, 12, 14)]
 
 
 def split_partials(plan) -> list[float]:
-    """The partials of the plan's KV-split workspace (the front of its arena buffer) as floats, read back."""
+    """The partials of the plan's KV-split workspace on the current stream (the front of its buffer) as floats."""
     import struct
 
     from aotc.runtime import driver
 
     torch.cuda.synchronize()
     n = plan.split_partials_bytes
-    return list(struct.unpack(f"{n // 4}f", driver.copy_from_device(plan._split_buffer.ptr, n)))
+    at = plan.split_partials_at(torch.cuda.current_stream().cuda_stream)
+    return list(struct.unpack(f"{n // 4}f", driver.copy_from_device(at, n)))
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
@@ -283,7 +284,9 @@ def test_kv_splits_match_the_reference(rt, case):
                                     max_seqlen_q=max(s_q for s_q, _ in seqs),
                                     max_seqlen_kv=max(s_kv for _, s_kv in seqs), decode_query_len=dq)
         torch.cuda.synchronize()
-        driver.memset_d32(plan._split_buffer.ptr, 0x7FC00000, plan.split_partials_bytes // 4)  # (not the counters)
+        # the stream's split workspace (its first launch there takes the same), NaN but the counters
+        at = plan.split_partials_at(torch.cuda.current_stream().cuda_stream)
+        driver.memset_d32(at, 0x7FC00000, plan.split_partials_bytes // 4)
         what = f"kv splits {case_id(case)} batch {i} decode_query_len {dq}"
         plan(io.q, io.out, io.lse, stream=torch.cuda.current_stream())
         b.check(step, io, what, refs=refs)
@@ -514,9 +517,8 @@ def test_unequal_chunks_draw_every_tile_on_every_call(rt):
     paged kernel's CTAs draw their tiles from the stream's counter (RaggedTiles). Every tile runs once whoever
     draws it, and each call leaves the counter at 0 for the next: three calls in a row give the reference and the
     same bits (a counter left non-zero would skip tiles: NaN rows); calls queued on two streams at once, each with
-    a counter of its own, each get every row of their own (there every row goes to the paged kernel,
-    decode_query_len 0: the decode rows' split workspace is the runtime's one arena, which plans must not use on
-    two streams at once, aotc.runtime.workspace; sharing it, a decode row came out wrong)."""
+    a counter and a decode workspace of its own, each get every row of their own (when the stream's workspaces
+    were one arena's buffer, a decode row came out wrong)."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     b = PagedBatch([512, 4096, 8704, 1536, 4100, 700], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2048 + 2)
     b.cache.poison(POISON, tails=False)
@@ -533,17 +535,40 @@ def test_unequal_chunks_draw_every_tile_on_every_call(rt):
         assert torch.equal(io.out.view(torch.int16), first.view(torch.int16)), f"call {i}: other bits than call 0"
     ios = (io, b.io())
     refs2 = (refs, b.references(step, ios[1]))
+    attend_on_two_streams(rt, b, ios, meta, 3, max_seqlen_q=512, max_seqlen_kv=8704)
+    for s, (x, r) in enumerate(zip(ios, refs2)):
+        b.check(step, x, f"unequal chunks on stream {s}", refs=r)
+
+
+def test_steps_on_two_streams_at_once_keep_their_workspaces_apart(rt):
+    """Two micro-batches overlapped on two streams (dual-batch overlap) through one Runtime: the decode rows' chunk
+    partials and the paged kernel's KV splits (64-query suffixes over long prefixes: fewer tiles than SMs) go to
+    the launch stream's own workspace (aotc.runtime.workspace), so steps queued on both streams at once each get
+    every row of their own."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    b = PagedBatch([30000, 16384, 4100, 700], 16, 32, 8, 128, "bf16", "NHD", gen, rows=2 * 64 + 2)
+    b.cache.poison(POISON, tails=False)
+    step = [(0, 64, 30000), (2, 1, 4100), (1, 64, 16384), (3, 1, 700)]
+    meta = b.metadata(step)
+    ios = (b.io(), b.io())
+    refs = [b.references(step, x) for x in ios]
+    attend_on_two_streams(rt, b, ios, meta, 4, max_seqlen_q=64, max_seqlen_kv=30000)
+    for s, (x, r) in enumerate(zip(ios, refs)):
+        b.check(step, x, f"two streams at once: stream {s}", refs=r)
+
+
+def attend_on_two_streams(rt, b, ios, meta, rounds, **kw):
+    """Each io's outputs poisoned, then `rounds` rt.attention calls of each on a stream of its own, queued so
+    that the two streams' steps run at the same time."""
     streams = (torch.cuda.Stream(), torch.cuda.Stream())
     for x in ios:
         x.poison()
     torch.cuda.synchronize()
-    for _ in range(3):
+    for _ in range(rounds):
         for x, st in zip(ios, streams):
             with torch.cuda.stream(st):
-                rt.attention(x.q, b.cache.k, b.cache.v, x.out, *meta, lse=x.lse, max_seqlen_q=512,
-                             max_seqlen_kv=8704, stream=st, decode_query_len=0)
-    for s, (x, r) in enumerate(zip(ios, refs2)):
-        b.check(step, x, f"unequal chunks on stream {s}", refs=r)
+                rt.attention(x.q, b.cache.k, b.cache.v, x.out, *meta, lse=x.lse, stream=st, **kw)
+    torch.cuda.synchronize()
 
 
 def test_torch_functional_form(rt, ops):

@@ -114,6 +114,9 @@ int cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = (void *)(uintpt
 int cuEventCreate(void **e, unsigned flags) { (void)flags; *e = (void *)(uintptr_t)next_event++; return 0; }
 int cuEventRecord(void *e, void *s) { log3(1, (uint64_t)(uintptr_t)e, (uint64_t)(uintptr_t)s); return 0; }
 int cuEventDestroy_v2(void *e) { log3(4, (uint64_t)(uintptr_t)e, 0); return 0; }
+/* the capture status cuStreamIsCapturing reports for every stream (tests set it) */
+int stub_capture_status = 0;
+int cuStreamIsCapturing(void *s, int *status) { (void)s; *status = stub_capture_status; return 0; }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     (void)flags; log3(2, (uint64_t)(uintptr_t)s, (uint64_t)(uintptr_t)e); return 0;
 }
@@ -130,7 +133,7 @@ static const struct entry table[] = {
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx}, {"cuLaunchKernel", (void *)cuLaunchKernel}, {"cuTensorMapEncodeTiled", (void *)cuTensorMapEncodeTiled},
     {"cuStreamCreate", (void *)cuStreamCreate}, {"cuEventCreate", (void *)cuEventCreate},
     {"cuEventRecord", (void *)cuEventRecord}, {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
-    {"cuEventDestroy_v2", (void *)cuEventDestroy_v2},
+    {"cuEventDestroy_v2", (void *)cuEventDestroy_v2}, {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
 };
 
 /* CUdriverProcAddressQueryResult: 0 found, 1 symbol not found; CUDA_ERROR_NOT_FOUND is 500 */
