@@ -394,7 +394,8 @@ def attention(q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, *, out=
     lse [H_q, total_q] fp32 when given). A torch.float8_e4m3fn cache takes k_descale, v_descale (fp32 [H_kv]
     or [1]: attention over k_fp8 * k_descale, v_fp8 * v_descale). max_seqlen_q, min_seqlen_q: optional bounds on
     the sequences' query counts (Runtime.attention: each can skip one of the two kernels' launches); prefill_sms:
-    the paged kernel on that many SMs, the decode kernel beside it (Runtime.attention)."""
+    the paged kernel on that many SMs, the decode kernel beside it (Runtime.attention; get_runtime().step_prefill_sms
+    picks it from a step's host-side lengths)."""
     if out is None:
         out = _torch().empty_like(q)
     _run("attention", q, k_cache, v_cache, cu_seqlens_q, seqlens_kv, page_table, out, lse, max_seqlen_q, causal, scale,

@@ -29,7 +29,9 @@ rotated order for --rounds rounds (benchmarks/timing.py);
 * mixed_chunk2048_decode63x4096: one 2048-token chunk (prefix 0) and 63 decode rows at 4096 keys in one
   rt.attention call (aotc_us) against FA3 as two calls timed together (fa3_us: flash_attn_varlen_func for
   the chunk, flash_attn_with_kvcache for the 63 rows on dense KV [63, 4096, 8, 128] with cache_seqlens) and
-  aotc as two calls (two_calls_us: rt.prefill_ragged for the chunk, rt.decode for the rows).
+  aotc as two calls (two_calls_us: rt.prefill_ragged for the chunk, rt.decode for the rows); side_us: the same
+  call with the prefill_sms that Runtime.step_prefill_sms gives for the step's lengths (side_prefill_sms; no
+  side_us where it gives None), x_fa3_side = fa3_us / side_us.
 * decode_b64_4096: 64 sequences of one new token over 4096 keys through rt.attention (aotc_us, aotc_TBps =
   K/V bytes / time) against the decode family on the same pools (rt.decode, q viewed [B, 1, H_q, D]:
   decode_us) and FA3's flash_attn_with_kvcache on dense KV [64, 4096, 8, 128] (fa3_us).
@@ -191,6 +193,8 @@ def derive(row: dict, kind: str) -> None:
         for name, t in us.items():
             if name != "aotc":
                 row[f"x_{name}"] = t / us["aotc"]
+    if "side" in us and "fa3" in us:  # the mixed step's side-by-side call against FA3's two calls
+        row["x_fa3_side"] = us["fa3"] / us["side"]
 
 
 # ---- on the GPU ------------------------------------------------------------------------------------------
@@ -432,6 +436,14 @@ def contenders_of(rt, fa3, case: Case, pool: Pool, fp8: bool = False, bases: dic
             return two
 
         fns["two_calls"] = two_calls
+        # the decode kernel beside the paged one where the step's lengths say it pays (Runtime.step_prefill_sms)
+        sms = rt.step_prefill_sms([s_q for s_q, _ in case.seqs], [s_kv for _, s_kv in case.seqs], heads_q=H_Q,
+                                  heads_kv=model.heads_kv, head_dim=D, window_left=model.window_left)
+        facts["side_prefill_sms"] = sms
+        if sms is not None:
+            side_out = torch.empty_like(pool.out)
+            side = rt.prepare_attention(pool.q, pool.k, pool.v, side_out, pool.cu, pool.sl, pool.pt, **bounds, **feats)
+            fns["side"] = lambda: (side(pool.q, side_out, stream=cur(), prefill_sms=sms), side_out)[1]
         if fa3 is not None:
             kd, vd = pool.dense(range(1, B))
 

@@ -351,7 +351,8 @@ class Runtime:
         both kernels, the paged one runs on this many SMs and the decode kernel beside it on the runtime's
         second stream (joined back into `stream`, CUDA-graph capturable once a step with it ran outside a
         capture), so a DRAM-bound decode batch and a tensor-bound chunk overlap instead of running one after
-        the other; None (or the SM count or more): one after the other on `stream`."""
+        the other; None (or the SM count or more): one after the other on `stream`. step_prefill_sms() picks
+        it from the step's host-side lengths."""
         from .attention import attention
 
         attention(self, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_table, lse, causal=causal,
@@ -359,6 +360,21 @@ class Runtime:
                   decode_query_len=decode_query_len, max_seqlen_kv=max_seqlen_kv, stream=stream,
                   window_left=window_left, softcap=softcap, sinks=sinks, k_descale=k_descale, v_descale=v_descale,
                   min_seqlen_q=min_seqlen_q, prefill_sms=prefill_sms)
+
+    def step_prefill_sms(self, query_lens, kv_lens, *, heads_q: int, heads_kv: int, head_dim: int,
+                         kv_dtype: str = "bf16", decode_query_len: int = 1, causal: bool = True,
+                         window_left: int | None = None) -> int | None:
+        """attention()'s prefill_sms for a step of these host-side lengths (each sequence's query count and full KV
+        length, as an engine has them on the CPU), the same for every layer of the step: half the current device's
+        SMs where the decode rows' KV reads outweigh the chunks' work, else None
+        (aotc.runtime.attention.step_prefill_sms)."""
+        from .attention import step_prefill_sms
+        from .driver import multiprocessor_count
+
+        return step_prefill_sms(multiprocessor_count(self.device()), query_lens, kv_lens, heads_q=heads_q,
+                                heads_kv=heads_kv, head_dim=head_dim,
+                                kv_itemsize=1 if kv_dtype.startswith("fp8") else 2, decode_query_len=decode_query_len,
+                                causal=causal, window_left=window_left)
 
     def prepare_kv_write(self, key, value, k_cache, v_cache, slot_mapping, *, kv_layout: str = "NHD",
                          k_scale=None, v_scale=None):

@@ -721,6 +721,41 @@ def check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seq
              ": sequences of at most this many queries go to the decode kernel")
 
 
+# A mixed step's two kernels side by side (prefill_sms) pay where the decode rows' DRAM time outweighs the chunks'
+# tensor time by SIDE_BY_SIDE_RATIO: the paged kernel's persistent grid on half the SMs takes about twice as long and
+# cannot widen once the decode kernel is done, so a step of equal halves gains nothing and one of more chunk than
+# decode loses (0.82x; benchmarks/results/paged_varlen_prefill_sms.json). The rates are Hopper's, as measured by
+# bench_paged_varlen: the decode rows' KV at ~4 TB/s (H200 4.3, H100 3.1), the chunks at ~600 TFLOP/s.
+DECODE_BYTES_PER_US = 4.0e6
+PREFILL_FLOPS_PER_US = 6.0e8
+SIDE_BY_SIDE_RATIO = 1.5
+
+
+def step_prefill_sms(sm_count: int, query_lens, kv_lens, *, heads_q: int, heads_kv: int, head_dim: int,
+                     kv_itemsize: int = 2, decode_query_len: int = 1, causal: bool = True,
+                     window_left: int | None = None) -> int | None:
+    """The prefill_sms for a step of these host-side lengths (an engine's query_start_loc and seq_lens on the CPU,
+    once a step for every layer): half the SMs where its decode rows (at most decode_query_len queries) read enough
+    more KV than its longer rows compute (SIDE_BY_SIDE_RATIO), else None (one kernel after the other)."""
+    decode_bytes, prefill_flops = 0, 0
+    for s_q, s_kv in zip(query_lens, kv_lens):
+        s_q, s_kv = int(s_q), int(s_kv)
+        keys = s_kv if window_left is None else min(s_kv, window_left + 1)
+        if s_q <= 0:
+            continue
+        if s_q <= decode_query_len:
+            decode_bytes += 2 * keys * heads_kv * head_dim * kv_itemsize
+        else:  # the keys each query sees: bottom-right causal, or every key; at most a window's
+            seen = s_q * (s_kv - s_q) + s_q * (s_q + 1) // 2 if causal else s_q * s_kv
+            if window_left is not None:
+                seen = min(seen, s_q * (window_left + 1))
+            prefill_flops += 4 * heads_q * head_dim * seen
+    if not decode_bytes or not prefill_flops:
+        return None
+    side = decode_bytes / DECODE_BYTES_PER_US >= SIDE_BY_SIDE_RATIO * prefill_flops / PREFILL_FLOPS_PER_US
+    return sm_count // 2 if side else None
+
+
 def check_step_bounds(max_seqlen_q, min_seqlen_q, prefill_sms=None) -> None:
     """A step's bounds on its query counts (None: no bound), and its prefill_sms (None: no fork)."""
     V.optional_count(max_seqlen_q, "max_seqlen_q", "a bound on the step's query counts")

@@ -30,6 +30,8 @@ CASES = {
     "chunk2048_prefix4096_decode63x8192": ((2048, 6144),) + ((1, 8192),) * 63,
     "chunk512_decode127x8192": ((512, 512),) + ((1, 8192),) * 127,
     "chunks4x512_decode60x8192": ((512, 512), (512, 4096), (512, 8704), (512, 1536)) + ((1, 8192),) * 60,
+    "chunk2048_prefix2048_decode63x4096": ((2048, 4096),) + ((1, 4096),) * 63,
+    "chunk1024_decode63x4096": ((1024, 1024),) + ((1, 4096),) * 63,
 }
 GRIDS = tuple(int(g) for g in os.environ.get("MIXED_OVERLAP_GRIDS", "120,110,100,88,66").split(","))
 
@@ -69,7 +71,11 @@ def main() -> None:
         torch.cuda.synchronize()
         ref = outs["seq"].float()
         row = {"case": name, "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-               "prefill_grid": pl.grid[0], "decode_grid": list(plan.decode.launcher.grid)}
+               "prefill_grid": pl.grid[0], "decode_grid": list(plan.decode.launcher.grid),
+               # what Runtime.step_prefill_sms picks for this step (None: one kernel after the other)
+               "step_prefill_sms": rt.step_prefill_sms([q for q, _ in seqs], [k for _, k in seqs],
+                                                       heads_q=pool.model.heads_q, heads_kv=pool.model.heads_kv,
+                                                       head_dim=pool.model.head_dim)}
         for n, o in outs.items():
             if n != "seq":
                 row[f"{n}_max_abs_diff_vs_seq"] = float((o.float() - ref).abs().max())
