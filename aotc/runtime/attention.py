@@ -500,7 +500,7 @@ class AttentionPlan(Plan):
             grid = (0, 0, 0)
         else:
             grid = ragged_grid(multiprocessor_count(device)) if hopper else self.portable.grid(max_seqlen_q, d.total_q)
-        self._split_ws = self._split_values = None
+        self._split_ws = None
         if hopper and d.batch and kernel.artifact.launch.extra.get("kv_splits"):
             values = self._split_workspace(runtime, device, kernel, grid[0], d.head_dim, values)
         self.bind(kernel, grid, device, values)
@@ -630,10 +630,7 @@ class AttentionPlan(Plan):
         if self._counters is not None:
             self._counter_slot.value = self._counters.get(self.device, stream)
         if self._split_ws is not None:
-            split = self._split_ws.values(stream)
-            if split is not self._split_values:
-                self._split_values = split
-                self._split_slots[0].value, self._split_slots[1].value = split
+            self._split_ws.write(stream, self._split_slots)
         if decode_runs and prefill_sms is not None and self.portable is None and prefill_sms < self.launcher.grid[0]:
             # side by side: the paged kernel's persistent grid on prefill_sms SMs, the decode kernel on the
             # runtime's second stream taking the others (and each SM the paged kernel leaves)
@@ -740,10 +737,10 @@ def step_prefill_sms(sm_count: int, query_lens, kv_lens, *, heads_q: int, heads_
     decode_bytes, prefill_flops = 0, 0
     for s_q, s_kv in zip(query_lens, kv_lens):
         s_q, s_kv = int(s_q), int(s_kv)
-        keys = s_kv if window_left is None else min(s_kv, window_left + 1)
         if s_q <= 0:
             continue
         if s_q <= decode_query_len:
+            keys = s_kv if window_left is None else min(s_kv, window_left + 1)
             decode_bytes += 2 * keys * heads_kv * head_dim * kv_itemsize
         else:  # the keys each query sees: bottom-right causal, or every key; at most a window's
             seen = s_q * (s_kv - s_q) + s_q * (s_q + 1) // 2 if causal else s_q * s_kv

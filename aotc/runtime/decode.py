@@ -146,11 +146,11 @@ class DecodePlan(Plan):
                                                   f"({MAX_CHUNK_SLOTS} - B) or None")
         self.chunks = chunks
         self.workspace_bytes = workspace_bytes(d.batch, d.seqlen_q, d.heads_q, d.head_dim, chunks)
-        ws = self._stream_ws = self._ws_values = None
+        ws = self._stream_ws = None
         ws_ptr = lp_ptr = counters_ptr = 0  # an arena's: set at each launch, for its stream
         rows = d.seqlen_q * d.heads_q
         if self.workspace_bytes:
-            partials = _partials_bytes(chunks + d.batch, d.seqlen_q * d.heads_q, d.head_dim)
+            partials = _partials_bytes(chunks + d.batch, rows, d.head_dim)
             rows_per_cta = int(facts["rows_per_cta"])
 
             def pointers(ptr: int, nbytes: int) -> tuple[int, int, int, int]:
@@ -260,10 +260,7 @@ class DecodePlan(Plan):
         s[4].value = page_table or self._pt_ptr
         s[5].value = cu_seqlens_q or self._cq_ptr
         if self._stream_ws is not None:
-            ws = self._stream_ws.values(stream)
-            if ws is not self._ws_values:
-                self._ws_values = ws
-                self._ws_slots[0].value, self._ws_slots[1].value, self._ws_slots[2].value = ws
+            self._stream_ws.write(stream, self._ws_slots)
         self._launch(stream)
 
     def __call__(self, q, out, lse=None, *, seqlens_kv=None, page_table=None, stream=None) -> None:

@@ -133,12 +133,22 @@ class StreamBuffers:
     """A plan's share of an arena: its needs reserved when it is made, and per stream the values its kernel's
     workspace parameters take there (values_of(buffer), computed at the plan's first launch on the stream)."""
 
-    __slots__ = ("_arena", "_device", "_needs", "_values_of", "_by_stream")
+    __slots__ = ("_arena", "_device", "_needs", "_values_of", "_by_stream", "_written")
 
     def __init__(self, arena: WorkspaceArena, device: int, partials: int, counters: int, values_of):
         arena.reserve(device, partials, counters)
         self._arena, self._device, self._needs, self._values_of = arena, device, (partials, counters), values_of
         self._by_stream: dict[int, tuple] = {}
+        self._written = None  # the values the slots hold (write())
+
+    def write(self, stream: int, slots) -> None:
+        """The kernel's workspace parameter slots set for a launch on `stream` (written where the stream's values
+        differ from the last launch's: a lookup otherwise)."""
+        v = self._by_stream.get(stream) or self.values(stream)
+        if v is not self._written:
+            self._written = v
+            for slot, value in zip(slots, v):
+                slot.value = value
 
     def values(self, stream: int) -> tuple:
         """The workspace parameters' values for a launch on `stream` (the same tuple at every launch there)."""
