@@ -444,7 +444,7 @@ def run_prefill(rt, fa3, sinks_param, case: Case, seed: int, rounds: int, flush)
         if bm and bn and case.window_left is not None:
             row["tile_fraction"] = tile_fraction(S, bm, bn, case.window_left)
         if "aotc_plain" in plans:
-            # the runtime picks the plain kernel's kv tile by length (the widest from LONG_KV on), a feature
+            # the runtime picks the plain kernel's kv tile by length (the widest from its launch fact picked_from_seqlen_kv on), a feature
             # variant may be built at one width only: a ratio across two widths says so here
             row["plain_block_n"] = _block_sizes(plans["aotc_plain"])[1]
             row["same_block_n"] = row["plain_block_n"] == bn

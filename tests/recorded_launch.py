@@ -60,3 +60,14 @@ def split_arena():
     return SimpleNamespace(reserve=lambda device, partials, counters: None,
                            get=lambda device, stream, partials, counters: SimpleNamespace(
                                ptr=SPLITS + (stream << 24), nbytes=partials + counters))
+
+
+class OneTile:
+    """A stand-in runtime's kv tile choice (Runtime.matching, Runtime.fact_bounds): no loaded kernel to order by a
+    launch fact, so dispatch asks its find() for the wanted fields as they are."""
+
+    def matching(self, family, device, want):
+        return []
+
+    def fact_bounds(self, family, name, device):
+        return ()

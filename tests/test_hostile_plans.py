@@ -33,7 +33,7 @@ from aotc.runtime import tensor
 from aotc.runtime.prefill import PrefillPlan
 from aotc.runtime.tensors import TensorArg
 from aotc.runtime.validate import packed_strides
-from recorded_launch import COUNTERS, record_launches, split_arena, stream_counters
+from recorded_launch import COUNTERS, OneTile, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel as paged_kernel
 from test_runtime_attention_plan import RecordingSlot
 from test_runtime_workspace import DecodeRuntime
@@ -127,7 +127,7 @@ def test_dense_decode_reads_hnd_caches_with_their_own_strides(launches):
     assert e.value.name == "k_cache.shape[2]"
 
 
-class AttentionRuntime:
+class AttentionRuntime(OneTile):
     """The paged kernel and a ragged decode kernel for its decode rows."""
 
     def __init__(self):

@@ -12,7 +12,7 @@ from aotc.common.errors import ArgumentError
 from aotc.families.sdpa_prefill_sm90 import MAX_KV_SPLITS, PARAMS, split_workspace_bytes
 from aotc.runtime import tensor
 from aotc.runtime.validate import packed_strides
-from recorded_launch import SPLITS, record_launches, split_arena, stream_counters
+from recorded_launch import SPLITS, OneTile, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel
 
 H, H_KV, D, B = 8, 2, 128, 3
@@ -32,7 +32,7 @@ class RecordingSlot:
         return self.data
 
 
-class FakeRuntime:
+class FakeRuntime(OneTile):
     def __init__(self):
         self.plans = {}
         self.tile_counters = stream_counters()

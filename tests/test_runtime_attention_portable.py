@@ -330,16 +330,19 @@ def test_a_lower_bound_past_the_decode_rows_gives_the_paged_kernel_every_row(dev
 
 
 
-def test_the_paged_kernel_runs_its_widest_kv_tile_from_paged_long_kv(device):
-    """max_seqlen_kv >= PAGED_LONG_KV (4096, half dense prefill's LONG_KV) picks the 176-key tile, a smaller bound
-    or none the 128-key one; the choice is part of the one-call path's plan key, so both plans stay cached."""
+def test_the_paged_kernel_runs_its_widest_kv_tile_from_its_launch_fact(device):
+    """max_seqlen_kv at or past the 176-key tile's launch fact picked_from_seqlen_kv (4096 paged, half dense
+    prefill's 8192) picks it, a smaller bound or none the 128-key one; the choice is part of the one-call path's plan
+    key, so both plans stay cached, and bounds on one side of the fact share a plan."""
     device.cc = (9, 0)
     rt = Runtime([hopper(block_n=128), hopper(block_n=176)])
+    long_kv = rt.kernels[A.FAMILY][1].recorded_fact(A.PICKED_FROM)
+    assert long_kv == 4096 and rt.fact_bounds(A.FAMILY, A.PICKED_FROM, 0) == (4096,)
     q, k, v, o, cu, sl, pt, ls = step(max_pages=1 << 16)  # a page table that holds the largest bound's keys
-    bounds = (None, 2048, A.PAGED_LONG_KV - 1, A.PAGED_LONG_KV, 1 << 20)
+    bounds = (None, 2048, long_kv - 1, long_kv, 1 << 20)
     widths = [A.AttentionPlan(rt, q, k, v, o, cu, sl, pt, ls, max_seqlen_kv=b).kernel.variant["block_n"]
               for b in bounds]
-    assert A.PAGED_LONG_KV == 4096 and widths == [128, 128, 128, 176, 176]
+    assert widths == [128, 128, 128, 176, 176]
     for b in bounds:
         A.attention(rt, q, k, v, o, cu, sl, pt, ls, max_seqlen_kv=b)
     assert sorted(p.kernel.variant["block_n"] for p in set(rt.plans.values())) == [128, 176]

@@ -18,7 +18,7 @@ from aotc.families.features import FEATURE_PARAMS, FEATURES
 from aotc.families.sdpa_prefill_sm90 import PARAMS
 from aotc.runtime import tensor
 from aotc.runtime.features import check_features, feature_scalars
-from recorded_launch import split_arena, stream_counters
+from recorded_launch import OneTile, split_arena, stream_counters
 from test_runtime_attention import fake_kernel
 from test_runtime_attention_plan import GAP, H, D, launches, step  # noqa: F401 (launches: a fixture)
 
@@ -120,7 +120,7 @@ def test_features_give_fields_values_and_a_key():
     assert feature_scalars(None, 50) != feature_scalars(None, 50.0)
 
 
-class FeatureRuntime:
+class FeatureRuntime(OneTile):
     """The paged kernel with the features in `have` (and no decode kernel: every row goes to it)."""
 
     def __init__(self, have: dict):

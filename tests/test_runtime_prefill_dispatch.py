@@ -11,7 +11,7 @@ from aotc.common.abi import LaunchFacts
 from aotc.common.errors import ArgumentError
 from aotc.families import get_family
 from aotc.runtime import driver, tma
-from aotc.runtime.prefill import HOPPER, LONG_KV, hopper_candidates, hopper_recipes
+from aotc.runtime.prefill import HOPPER, PICKED_FROM, hopper_candidates, hopper_recipes
 from aotc.common.variant import Variant
 
 
@@ -113,9 +113,19 @@ def test_dispatch_prefers_hopper_only_where_it_runs(monkeypatch):
     assert runtime.select("sdpa_prefill", 0, [{**want, "strides": "general"}]).variant.arch == "sm_80"
 
 
-def test_long_kv_runs_the_widest_tile_and_short_the_narrowest(monkeypatch):
-    def kern(**fields):
-        return SimpleNamespace(variant=Variant.make(HOPPER, "sm_90a", **fields))
+def test_the_kv_tile_is_picked_by_its_launch_fact(monkeypatch):
+    """Dispatch reads each tile's launch fact picked_from_seqlen_kv: D128 dense runs 176 from 8192 keys, 128 below;
+    a tile whose fact says otherwise is picked where its fact says, one without it (an older aotc) only alone."""
+    from aotc.families.sdpa_prefill_sm90 import PICKED_FROM_SEQLEN_KV
+
+    def kern(fact="family", **fields):
+        v = Variant.make(HOPPER, "sm_90a", **fields)
+        extra = {} if "block_n" not in fields else dict(get_family(HOPPER).launch(v).extra)
+        if fact != "family":
+            extra.pop(PICKED_FROM, None)
+            if fact is not None:
+                extra[PICKED_FROM] = fact
+        return SimpleNamespace(variant=v, recorded_fact=extra.get)
 
     want = dict(dtype="bf16", head_dim=128, layout="dense", causal=False)
     runtime = rt_mod.Runtime([])
@@ -127,10 +137,24 @@ def test_long_kv_runs_the_widest_tile_and_short_the_narrowest(monkeypatch):
     def picked(seqlen_kv):
         return runtime.find(HOPPER, 0, hopper_candidates(runtime, 0, want, seqlen_kv)).variant.get("block_n")
 
-    assert [picked(s) for s in (0, 1, 4096, LONG_KV - 1, LONG_KV, 1 << 20)] == [128, 128, 128, 128, 176, 176]
+    long_kv = PICKED_FROM_SEQLEN_KV[128, 176]["dense"]
+    assert long_kv == 8192
+    assert [picked(s) for s in (0, 1, 4096, long_kv - 1, long_kv, 1 << 20)] == [128, 128, 128, 128, 176, 176]
+    # the fact, not a table of the runtime's, decides
+    runtime.kernels[HOPPER][1] = kern(fact=1000, **want, block_n=176)
+    assert [picked(s) for s in (999, 1000)] == [128, 176]
+    # a wide tile without the fact (an older aotc's) is never preferred; alone it still runs
+    runtime.kernels[HOPPER][1] = kern(fact=None, **want, block_n=176)
+    assert picked(1 << 20) == 128
+    runtime.kernels[HOPPER] = [kern(fact=None, **want, block_n=176), kern(**{**want, "head_dim": 256}, block_n=80)]
+    assert picked(1) == 176 and picked(1 << 20) == 176
     # a head dim with one width runs it at every length (D256's 80 is not offered to D128 and back)
     runtime.kernels[HOPPER] = [kern(**want, block_n=176), kern(**{**want, "head_dim": 256}, block_n=80)]
-    assert picked(1) == 176 and picked(LONG_KV) == 176
+    assert picked(1) == 176 and picked(long_kv) == 176
+    # paged variants record their own bound
+    paged = {**want, "layout": "paged16"}
+    assert get_family(HOPPER).launch(Variant.make(HOPPER, "sm_90a", **paged, block_n=176)).extra[PICKED_FROM] == 4096
+    assert get_family(HOPPER).launch(Variant.make(HOPPER, "sm_90a", **paged, block_n=128)).extra[PICKED_FROM] == 0
     # a bundle built before the field existed: its variants have no block_n and still match
     runtime.kernels[HOPPER] = [kern(**want)]
-    assert hopper_candidates(runtime, 0, want, LONG_KV) == [want] and picked(LONG_KV) is None
+    assert hopper_candidates(runtime, 0, want, long_kv) == [want] and picked(long_kv) is None

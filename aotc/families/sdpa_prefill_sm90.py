@@ -153,7 +153,7 @@ class Tile:
 # consumers' GEMM issue pays for D64 and D256. D64 has three consumer warpgroups (block_m 192): its
 # softmax is a larger share of the work, and with two, ncu found the schedulers without an eligible
 # warp 56% of the time. D128 has two tiles, one variant each (field block_n), and the runtime picks by
-# the kv length (aotc.runtime.prefill.LONG_KV): 176 with ping-pong, FA3's tile, is 2-3% faster from
+# the kv length (PICKED_FROM_SEQLEN_KV): 176 with ping-pong, FA3's tile, is 2-3% faster from
 # S_kv 8192 on (tensor pipe 81% busy under ncu at 16k against 75%), but at S_kv 512 up to a quarter
 # slower than 128 (its kv loop is 3 blocks long, the last one a partial; and O is staged in Q's tile,
 # as it has no room of its own, so the next tile's Q waits for the epilogue); 192 measured the same as
@@ -169,6 +169,23 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
+# (head dim, block_n) -> {"dense" (and ragged) | "paged": the kv length (max_seqlen_kv) from which the runtime runs
+# this tile rather than its head dim's narrower ones}, recorded in each variant's launch facts
+# (launch.extra["picked_from_seqlen_kv"]; a head dim's narrowest tile records 0) and read by dispatch
+# (aotc.runtime.prefill.hopper_candidates), so a bundle carries the choice its tiles were measured for.
+# D128-176 dense and ragged from 8192: 1.02-1.03x the 128 tile (geomean of three same-process runs) at
+# S_kv 8192-16384, even at 4096, 0.74-0.94x at 512 (benchmarks/results/prefill_experiment_d128_block_n_176.json).
+# Paged from 4096: at page 16, 1.02-1.06x the 128 tile from 4096 keys (chunks of 512 and 2048 queries, a mixed
+# step) and 1.00x at 2048 (benchmarks/results/paged_varlen_experiment_tile_threshold.json); pages of 32-128 load
+# it in the same 16-row boxes as page 16 (kv_box_rows).
+PICKED_FROM_SEQLEN_KV = {(128, 176): {"dense": 8192, "paged": 4096}}
+
+
+def picked_from_seqlen_kv(variant: Variant, block_n: int) -> int:
+    """The launch fact picked_from_seqlen_kv of a variant at kv tile block_n (PICKED_FROM_SEQLEN_KV; 0: picked at
+    any length where no wider tile is)."""
+    kind = "paged" if page_size(variant) > 0 else "dense"
+    return PICKED_FROM_SEQLEN_KV.get((variant["head_dim"], block_n), {}).get(kind, 0)
 def kv_box_rows(page: int, block_n: int) -> int:
     """Rows of one K/V TMA box of a paged kernel: the largest that tiles a kv block and lies inside one page
     wherever a block starts, gcd(page, block_n): a whole page (block_n a multiple of the page), the block (the
@@ -344,7 +361,8 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
                    "paged: the tiles enumerated from the device-side lengths; paged: (SMs, 1, 1)"),
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
                "persistent": True, "tma": tma_recipe(variant, t.block_n),
-               "draws_tiles": draws_tiles(variant), "kv_splits": kv_splits(variant)},
+               "draws_tiles": draws_tiles(variant), "kv_splits": kv_splits(variant),
+               "picked_from_seqlen_kv": picked_from_seqlen_kv(variant, t.block_n)},
     )
 
 

@@ -61,6 +61,7 @@ class Runtime:
         # (_fits), never launched, named when nothing else fits
         self.other_abi: list[str] = []
         self._fitting: set = set()  # kernels whose header and parameter list _fits has accepted
+        self._fact_bounds: dict = {}  # fact_bounds' answers
         seen: set[tuple] = set()
         for item in artifacts:
             ident = (item.variant, item.sha256)
@@ -117,19 +118,36 @@ class Runtime:
                 return k
 
     def _first_match(self, family: str, archs, candidates: list[dict]):
-        from ..common.checks import with_defaults
-
         pool = self.kernels.get(family, [])
         for want in candidates:
             for arch in archs:
                 for k in pool:
-                    # a kernel recorded before its family gained a defaulted field is the kernel with it at its
-                    # default: it matches, and _fits then sets it aside by its older parameter list (with the
-                    # rebuild hint) instead of leaving it unmatched
-                    v = with_defaults(k.variant)
-                    if v.arch == arch and all(v.get(f) == val for f, val in want.items()):
+                    if _matches(k, arch, want):
                         return k
         return None
+
+    def matching(self, family: str, device: int, want: dict) -> list:
+        """The loaded kernels of `family` for `device` whose fields include `want` (their headers are checked only
+        when one is selected)."""
+        from . import driver
+
+        archs = driver.runnable_archs(driver.compute_capability(device))
+        return [k for arch in archs for k in self.kernels.get(family, []) if _matches(k, arch, want)]
+
+    def fact_bounds(self, family: str, name: str, device: int) -> tuple:
+        """The distinct values of the launch fact `name` (a kv length from which a kernel is picked) among the
+        loaded kernels of `family` for `device`, ascending: a call keys its plan on which of them its bound reaches,
+        so that calls dispatch would serve with different kernels get different plans. As recorded
+        (LoadedKernel.recorded_fact); cached."""
+        from . import driver
+
+        key = (family, name, device)
+        bounds = self._fact_bounds.get(key)
+        if bounds is None:
+            archs = set(driver.runnable_archs(driver.compute_capability(device)))
+            values = {k.recorded_fact(name) for k in self.kernels.get(family, []) if k.variant.arch in archs}
+            bounds = self._fact_bounds[key] = tuple(sorted(v for v in values if isinstance(v, int) and v > 0))
+        return bounds
 
     def _fits(self, k) -> bool:
         """Check a kernel when dispatch first picks it: its header (k.artifact; a RuntimeLoadError for a
@@ -403,6 +421,16 @@ class Runtime:
             if len(self.plans) >= self.MAX_PLANS:
                 self.plans.pop(next(iter(self.plans)))  # oldest first
             self.plans[key] = plan
+
+
+def _matches(k, arch: str, want: dict) -> bool:
+    """Whether loaded kernel k is built for `arch` with the fields `want`. A kernel recorded before its family gained
+    a defaulted field is the kernel with it at its default: it matches, and Runtime._fits then sets it aside by its
+    older parameter list (with the rebuild hint) instead of leaving it unmatched."""
+    from ..common.checks import with_defaults
+
+    v = with_defaults(k.variant)
+    return v.arch == arch and all(v.get(f) == val for f, val in want.items())
 
 
 def load(*sources: str | Path, cache: bool | None = None, installed: bool | None = None,

@@ -30,9 +30,10 @@ decode kernel's launch, with nothing to do, cost a 2048-token chunk alone about 
 rows of benchmarks/results/paged_varlen.json). The two run one after the other on the call's stream, or, with a
 step's prefill_sms=N, side by side: the paged kernel's persistent grid on N SMs, the decode kernel on the
 runtime's second stream (Runtime.side_stream) between a fork and a join of events (driver.Fork), taking the
-other SMs and each one the paged kernel leaves (benchmarks/probes/mixed_overlap.py). max_seqlen_kv (a bound on the KV lengths, as engines pass it) of
-PAGED_LONG_KV or more picks the paged kernel's widest kv tile where the bundle has one (D128: 176 keys, FA3's
-tile, against 128, at every page size), from half dense prefill's LONG_KV; past the keys the page table holds
+other SMs and each one the paged kernel leaves (benchmarks/probes/mixed_overlap.py). max_seqlen_kv (a bound on the
+KV lengths, as engines pass it) picks the paged kernel's widest kv tile whose launch fact picked_from_seqlen_kv it
+reaches (D128: 176 keys, FA3's tile, against 128, from 4096 keys at every page size;
+aotc.families.sdpa_prefill_sm90.PICKED_FROM_SEQLEN_KV); past the keys the page table holds
 (page_table.shape[1] * page_size; dense KV: S_max) it is refused. A step of fewer tiles than SMs (short suffixes
 over long contexts) has the paged kernel split each tile's kv blocks over several CTAs, merged in the same launch,
 with a workspace from the runtime's split arena (Runtime.split_workspaces; aotc.families.sdpa_prefill_sm90's
@@ -66,7 +67,7 @@ from .features import check_feature_scalars, check_features, feature_scalars, mi
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .kv_scales import check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
-from .prefill import hopper_candidates
+from .prefill import PICKED_FROM, hopper_candidates
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
 from .workspace import StreamBuffers
@@ -76,11 +77,6 @@ FAMILY = "sdpa_prefill_sm90"
 DECODE = "sdpa_decode"
 
 ENTRY = "attention"
-# max_seqlen_kv from which the paged kernel runs its widest kv tile: at D128 page 16 the 176-key tile ran
-# 1.02-1.06x the 128-key one from 4096 keys (chunks of 512 and 2048 queries, a mixed step) and 1.00x at 2048
-# (benchmarks/results/paged_varlen_experiment_tile_threshold.json; pages of 32-128 load it in the same 16-row
-# boxes as page 16); dense prefill keeps LONG_KV
-PAGED_LONG_KV = 4096
 PREPARED = object()  # run()'s max_seqlen_q default: the bound the plan was prepared with
 DTYPES = ("fp16", "bf16")
 
@@ -434,8 +430,7 @@ class AttentionPlan(Plan):
         wanted = {"dtype": dtype, "head_dim": d.head_dim, "layout": f"paged{d.page}", "causal": causal,
                   **scales.fields, **feats.fields}
         if hopper:
-            kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0,
-                                                                     PAGED_LONG_KV))
+            kernel = runtime.find(FAMILY, device, hopper_candidates(runtime, device, wanted, max_seqlen_kv or 0))
         else:
             kernel = runtime.find(PORTABLE, device, portable_fields(wanted))
         if kernel is None and feats.any:
@@ -807,12 +802,15 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     # the scalars the plan keys on are checked first: causal=1 or decode_query_len=True would hash as a valid key
     check_scalars(causal, max_seqlen_q, max_seqlen_kv, decode_query_len, min_seqlen_q, kv_layout=kv_layout,
                   softmax_scale=softmax_scale, window_left=window_left, softcap=softcap, prefill_sms=prefill_sms)
-    # a step's bounds change every step: the plan keys on what they decide (the kv tile), the step passes them
-    long_kv = max_seqlen_kv is not None and max_seqlen_kv >= PAGED_LONG_KV
+    # a step's bounds change every step: the plan keys on what they decide (the kv tile: which of the loaded kernels'
+    # picked_from_seqlen_kv facts max_seqlen_kv reaches), the step passes them
+    device = runtime.device()
+    kv_tile = 0 if max_seqlen_kv is None else sum(
+        max_seqlen_kv >= b for b in runtime.fact_bounds(FAMILY, PICKED_FROM, device))
     s = as_stream(stream)
-    scalars = (causal, softmax_scale, kv_layout, decode_query_len, long_kv, feature_scalars(window_left, softcap))
+    scalars = (causal, softmax_scale, kv_layout, decode_query_len, kv_tile, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
-        fast = torch_key(ENTRY, runtime.device(), _rows_free(seen), (k_cache, v_cache, sinks, k_descale, v_descale),
+        fast = torch_key(ENTRY, device, _rows_free(seen), (k_cache, v_cache, sinks, k_descale, v_descale),
                          scalars)
         plan = runtime.plans.get(fast)
         if plan is not None:
@@ -831,15 +829,15 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
              (cu_seqlens_q, "cu_seqlens_q"), (seqlens_kv, "seqlens_kv"), (page_table, "page_table"), (sinks, "sinks"),
              (k_descale, "k_descale"), (v_descale, "v_descale"))]
     qr, outr, lsr, kr, vr, cur, slr, ptr_, snk, kds, vds = recs
-    key = (ENTRY, runtime.device(), kr.ptr, vr.ptr, *(None if x is None else x.ptr for x in (snk, kds, vds)),
+    key = (ENTRY, device, kr.ptr, vr.ptr, *(None if x is None else x.ptr for x in (snk, kds, vds)),
            _layout(*recs, rows_free=True), scalars)
     plan = cached_plan(runtime, key, lambda: AttentionPlan(
         runtime, qr, kr, vr, outr, cur, slr, ptr_, lsr, causal=causal, softmax_scale=softmax_scale,
         kv_layout=kv_layout, max_seqlen_q=max_seqlen_q, decode_query_len=decode_query_len,
-        max_seqlen_kv=max_seqlen_kv if long_kv else None, window_left=window_left, softcap=softcap, sinks=snk,
+        max_seqlen_kv=max_seqlen_kv if kv_tile else None, window_left=window_left, softcap=softcap, sinks=snk,
         k_descale=kds, v_descale=vds))
     total_q = _total_q(qr, outr, lsr)  # the ranks are the plan's, checked when it was made
-    plan.check_max_seqlen_kv(max_seqlen_kv)  # the plan saw it only when long (it keys on long_kv)
+    plan.check_max_seqlen_kv(max_seqlen_kv)  # the plan saw it only when it reaches a wider tile (it keys on kv_tile)
     if seen is not None:
         runtime.remember_plan(fast, plan)
     plan.checked_run(qr.ptr, outr.ptr, 0 if lsr is None else lsr.ptr, cur.ptr, slr.ptr, 0 if ptr_ is None else ptr_.ptr,

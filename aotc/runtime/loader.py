@@ -48,6 +48,16 @@ class LoadedKernel:
             self._artifact = self._from_member(self._member.checked_header)
         return self._artifact
 
+    def recorded_fact(self, name: str):
+        """launch.extra[name] as recorded (None where absent): the checked header's once it was read, else the
+        manifest entry's, not checked yet, so that dispatch can order the kernels it may select by a fact without
+        checking every header first (the one it selects is checked then)."""
+        if self._artifact is not None:
+            return self._artifact.launch.extra.get(name)
+        launch = self._member.entry.get("launch")
+        extra = launch.get("extra") if isinstance(launch, dict) else None
+        return extra.get(name) if isinstance(extra, dict) else None
+
     @property
     def loaded(self) -> bool:
         return self.handle != 0

@@ -28,12 +28,7 @@ FAMILY = "sdpa_prefill"
 HOPPER = "sdpa_prefill_sm90"
 DTYPES = ("fp16", "bf16")
 MAX_GRID_YZ = 65535
-# From this many keys (max_seqlen_kv) on, the Hopper family runs the widest kv tile (block_n) the bundle
-# has for the head dim, below it the narrowest: D128 at block_n 176 against 128 measured 1.02-1.03x
-# (geomean of three same-process runs) at S_kv 8192-16384, even at 4096, 0.74-0.94x at 512 (a short kv
-# loop pays the wide tile's partial last block and its Q-staged epilogue;
-# benchmarks/results/prefill_experiment_d128_block_n_176.json).
-LONG_KV = 8192
+PICKED_FROM = "picked_from_seqlen_kv"  # the launch fact by which dispatch picks a head dim's kv tile
 _PAGED_ONLY = ("page_table", "seqlens_kv", "max_pages", "min_seqlen_q", "pt_stride_b", "pt_stride_p",
                "k_descale", "v_descale", "descale_stride_h",  # (these three: fp8 KV, paged only)
                "kv_groups_per_page", "split_partials", "split_counters", "kv_splits_max")
@@ -237,12 +232,20 @@ class PrefillPlan(Plan):
                          0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
 
 
-def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int, long_kv: int = LONG_KV) -> list[dict]:
-    """The field sets to look for, best first: every loaded block_n, widest first for a long kv loop
-    (seqlen_kv >= long_kv), narrowest first otherwise; then any block_n (a bundle of an older aotc)."""
-    widths = sorted((n for n in runtime.field_values(HOPPER, "block_n", device) if n is not None),
-                    reverse=seqlen_kv >= long_kv)
-    return [{**wanted, "block_n": n} for n in widths] + [wanted]
+def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> list[dict]:
+    """The field sets to look for, best first: the kv tiles (block_n) of the loaded kernels with the fields `wanted`,
+    first those whose launch fact picked_from_seqlen_kv (aotc.families.sdpa_prefill_sm90.PICKED_FROM_SEQLEN_KV) is
+    at most seqlen_kv, widest first, then the others, narrowest first (a kernel that records no such fact, of an
+    older aotc, among them); then any block_n (a bundle of an older aotc, without the field)."""
+    picked_from: dict = {}
+    for k in runtime.matching(HOPPER, device, wanted):
+        n, fact = k.variant.get("block_n"), k.recorded_fact(PICKED_FROM)
+        if n is not None:
+            reaches = isinstance(fact, int) and fact <= seqlen_kv
+            picked_from[n] = picked_from.get(n, False) or reaches
+    order = (sorted((n for n, r in picked_from.items() if r), reverse=True)
+             + sorted(n for n, r in picked_from.items() if not r))
+    return [{**wanted, "block_n": n} for n in order] + [wanted]
 
 
 def hopper_recipes(kernel, t: dict, ragged: bool, dtype: str) -> tuple[dict | None, str | None]:

@@ -164,7 +164,7 @@ def attention_cases(picks=None, features=None, fp8=False, family="sdpa_prefill_s
     kernel, then the decode rows on the decode kernel. picks: (dtype, head_dim, page) to run (default: every paged
     variant of `family`: of its fp8 ones with fp8, over e4m3 pools and fp32 scales of their own allocations);
     features: the score features' arguments (feature_kwargs), else none. max_seqlen_kv: the bound the plans are
-    told (from aotc.runtime.attention's PAGED_LONG_KV on: the widest kv tile)."""
+    told (from the widest kv tile's launch fact picked_from_seqlen_kv on, that tile)."""
     global launches
     variants = sorted({(k.variant["dtype"], k.variant["head_dim"], int(k.variant["layout"][len("paged"):]))
                        for k in rt.kernels.get(family, []) if k.variant["layout"].startswith("paged")
