@@ -138,12 +138,12 @@ class Runtime:
         """The distinct values of the launch fact `name` (a kv length from which a kernel is picked) among the
         loaded kernels of `family` for `device`, ascending: a call keys its plan on which of them its bound reaches,
         so that calls dispatch would serve with different kernels get different plans. As recorded
-        (LoadedKernel.recorded_fact); cached."""
-        from . import driver
-
+        (LoadedKernel.recorded_fact); cached (a call's hot path reads it)."""
         key = (family, name, device)
         bounds = self._fact_bounds.get(key)
         if bounds is None:
+            from . import driver
+
             archs = set(driver.runnable_archs(driver.compute_capability(device)))
             values = {k.recorded_fact(name) for k in self.kernels.get(family, []) if k.variant.arch in archs}
             bounds = self._fact_bounds[key] = tuple(sorted(v for v in values if isinstance(v, int) and v > 0))

@@ -54,6 +54,7 @@ with its own token count, reuse one plan per layer.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
@@ -805,8 +806,8 @@ def attention(runtime, q, k_cache, v_cache, out, cu_seqlens_q, seqlens_kv, page_
     # a step's bounds change every step: the plan keys on what they decide (the kv tile: which of the loaded kernels'
     # picked_from_seqlen_kv facts max_seqlen_kv reaches), the step passes them
     device = runtime.device()
-    kv_tile = 0 if max_seqlen_kv is None else sum(
-        max_seqlen_kv >= b for b in runtime.fact_bounds(FAMILY, PICKED_FROM, device))
+    kv_tile = 0 if max_seqlen_kv is None else bisect_right(runtime.fact_bounds(FAMILY, PICKED_FROM, device),
+                                                           max_seqlen_kv)
     s = as_stream(stream)
     scalars = (causal, softmax_scale, kv_layout, decode_query_len, kv_tile, feature_scalars(window_left, softcap))
     if seen is not None:  # torch tensors: a key from their layouts (less the token count) and the pools' pointers
