@@ -186,6 +186,8 @@ def picked_from_seqlen_kv(variant: Variant, block_n: int) -> int:
     any length where no wider tile is)."""
     kind = "paged" if page_size(variant) > 0 else "dense"
     return PICKED_FROM_SEQLEN_KV.get((variant["head_dim"], block_n), {}).get(kind, 0)
+
+
 def kv_box_rows(page: int, block_n: int) -> int:
     """Rows of one K/V TMA box of a paged kernel: the largest that tiles a kv block and lies inside one page
     wherever a block starts, gcd(page, block_n): a whole page (block_n a multiple of the page), the block (the

@@ -237,14 +237,12 @@ def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> lis
     first those whose launch fact picked_from_seqlen_kv (aotc.families.sdpa_prefill_sm90.PICKED_FROM_SEQLEN_KV) is
     at most seqlen_kv, widest first, then the others, narrowest first (a kernel that records no such fact, of an
     older aotc, among them); then any block_n (a bundle of an older aotc, without the field)."""
-    picked_from: dict = {}
+    reached: dict = {}  # block_n -> whether a matching kernel of that tile records a fact seqlen_kv reaches
     for k in runtime.matching(HOPPER, device, wanted):
         n, fact = k.variant.get("block_n"), k.recorded_fact(PICKED_FROM)
         if n is not None:
-            reaches = isinstance(fact, int) and fact <= seqlen_kv
-            picked_from[n] = picked_from.get(n, False) or reaches
-    order = (sorted((n for n, r in picked_from.items() if r), reverse=True)
-             + sorted(n for n, r in picked_from.items() if not r))
+            reached[n] = reached.get(n, False) or (isinstance(fact, int) and fact <= seqlen_kv)
+    order = sorted((n for n in reached if reached[n]), reverse=True) + sorted(n for n in reached if not reached[n])
     return [{**wanted, "block_n": n} for n in order] + [wanted]
 
 
