@@ -331,9 +331,9 @@ def test_a_lower_bound_past_the_decode_rows_gives_the_paged_kernel_every_row(dev
 
 
 def test_the_paged_kernel_runs_its_widest_kv_tile_from_its_launch_fact(device):
-    """max_seqlen_kv at or past the 176-key tile's launch fact picked_from_seqlen_kv (4096 paged, as dense
-    non-causal prefill; dense causal 8192) picks it, a smaller bound or none the 128-key one; the choice is part
-    of the one-call path's plan key, so both plans stay cached, and bounds on one side of the fact share a plan."""
+    """max_seqlen_kv at or past the 176-key tile's launch fact picked_from_seqlen_kv (4096 paged, half dense
+    prefill's 8192) picks it, a smaller bound or none the 128-key one; the choice is part of the one-call path's plan
+    key, so both plans stay cached, and bounds on one side of the fact share a plan."""
     device.cc = (9, 0)
     rt = Runtime([hopper(block_n=128), hopper(block_n=176)])
     long_kv = rt.kernels[A.FAMILY][1].recorded_fact(A.PICKED_FROM)

@@ -169,36 +169,25 @@ TILES = {
     (256, 80): Tile(128, 80, 2, True),
 }
 BLOCK_N = tuple(sorted({bn for _, bn in TILES}))
-# (head dim, block_n) -> {call kind (tile_pick_kind): the kv length (max_seqlen_kv) from which the runtime runs this
-# tile rather than its head dim's narrower ones}, recorded in each variant's launch facts
+# (head dim, block_n) -> {"dense" (and ragged) | "paged": the kv length (max_seqlen_kv) from which the runtime runs
+# this tile rather than its head dim's narrower ones}, recorded in each variant's launch facts
 # (launch.extra["picked_from_seqlen_kv"]; a head dim's narrowest tile records 0) and read by dispatch
 # (aotc.runtime.prefill.hopper_candidates), so a bundle carries the choice its tiles were measured for.
-# D128-176 dense causal and ragged from 8192: 1.02-1.03x the 128 tile (geomean of three same-process runs) at
-# S_kv 8192-16384, 0.74-0.94x at 512 (benchmarks/results/prefill_experiment_d128_block_n_176.json); causal at 4096
-# 0.92-0.99x on an H100. Dense non-causal from 4096: 1.00-1.04x (median 1.02) there on an H100, bf16 and fp16, six
-# same-process ratios against 128 over two runs, 0.97-1.00x at 2048
-# (benchmarks/results/prefill_experiment_d128_176_non_causal_4096.json).
-# Ragged stays at 8192 whatever the mask: its short sequences run the tile the longest one picks.
+# D128-176 dense and ragged from 8192: 1.02-1.03x the 128 tile (geomean of three same-process runs) at
+# S_kv 8192-16384, 0.74-0.94x at 512 (benchmarks/results/prefill_experiment_d128_block_n_176.json). At 4096 no
+# threshold of its own: dense non-causal 0.97-1.04x (median 1.01 over 18 same-process ratios on an H100, A/A
+# 0.97-1.02), causal 0.92-0.99x (benchmarks/results/prefill_experiment_d128_176_non_causal_4096.json).
 # Paged from 4096: at page 16, 1.02-1.06x the 128 tile from 4096 keys (chunks of 512 and 2048 queries, a mixed
 # step) and 1.00x at 2048 (benchmarks/results/paged_varlen_experiment_tile_threshold.json); pages of 32-128 load
 # it in the same 16-row boxes as page 16 (kv_box_rows).
-PICKED_FROM_SEQLEN_KV = {(128, 176): {"dense": 4096, "dense causal": 8192, "ragged": 8192, "paged": 4096}}
-
-
-def tile_pick_kind(variant: Variant) -> str:
-    """The call kind a variant's tile is picked for (PICKED_FROM_SEQLEN_KV's inner keys): "paged", "ragged", or
-    "dense" and "dense causal"."""
-    if page_size(variant) > 0:
-        return "paged"
-    if variant["layout"] == "ragged":
-        return "ragged"
-    return "dense causal" if variant["causal"] else "dense"
+PICKED_FROM_SEQLEN_KV = {(128, 176): {"dense": 8192, "paged": 4096}}
 
 
 def picked_from_seqlen_kv(variant: Variant, block_n: int) -> int:
     """The launch fact picked_from_seqlen_kv of a variant at kv tile block_n (PICKED_FROM_SEQLEN_KV; 0: picked at
     any length where no wider tile is)."""
-    return PICKED_FROM_SEQLEN_KV.get((variant["head_dim"], block_n), {}).get(tile_pick_kind(variant), 0)
+    kind = "paged" if page_size(variant) > 0 else "dense"
+    return PICKED_FROM_SEQLEN_KV.get((variant["head_dim"], block_n), {}).get(kind, 0)
 
 
 def kv_box_rows(page: int, block_n: int) -> int:

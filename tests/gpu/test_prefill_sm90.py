@@ -77,18 +77,17 @@ def test_prefill_custom_scale_and_no_lse(rt_tile):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_long_kv_runs_the_widest_tile(rt, causal):
-    """From the widest kv tile's launch fact picked_from_seqlen_kv (dense: 4096 keys non-causal, 8192 causal) on the
-    runtime picks it, below it the narrowest; the long call is checked against the reference (a loop of the wide
-    tile over that many keys, GQA, LSE)."""
-    from aotc.families.sdpa_prefill_sm90 import PICKED_FROM_SEQLEN_KV
+    """From the widest kv tile's launch fact picked_from_seqlen_kv (8192 keys, dense) on the runtime picks it,
+    below it the narrowest; the long call is checked against the reference (a 8192-key loop of the wide tile,
+    GQA, LSE)."""
     from aotc.runtime.prefill import PICKED_FROM
 
     D = 128
     tiles = {k.variant["block_n"]: k.recorded_fact(PICKED_FROM) for k in rt.kernels[FAMILY]
-             if k.variant["head_dim"] == D and k.variant["layout"] == "dense" and bool(k.variant["causal"]) == causal}
+             if k.variant["head_dim"] == D and k.variant["layout"] == "dense"}
     widths = sorted(tiles)
     LONG_KV = tiles[widths[-1]]
-    assert LONG_KV == PICKED_FROM_SEQLEN_KV[D, widths[-1]]["dense causal" if causal else "dense"] > 0, tiles
+    assert LONG_KV == 8192, tiles
     q = alloc(1, 300, 4, D, "bf16", "bshd")
     k, v = alloc(1, LONG_KV, 2, D, "bf16", "bshd"), alloc(1, LONG_KV, 2, D, "bf16", "bshd")
     out = alloc(1, 300, 4, D, "bf16", "bshd", fill=math.nan)
