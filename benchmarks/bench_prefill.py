@@ -39,12 +39,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--causal-only", action="store_true", help="only the causal shapes")
+    ap.add_argument("--non-causal-only", action="store_true", help="only the non-causal shapes")
     ap.add_argument("--head-dim", type=int, action="append", choices=(64, 128, 256),
                     help="only these head dims (repeatable; default all)")
     ap.add_argument("--dtype", action="append", choices=("bf16", "fp16"),
                     help="these dtypes at every head dim (repeatable; default bf16 and fp16 at D128, bf16 at D64/D256)")
     ap.add_argument("--skip-portable", action="store_true", help="leave out the portable family (A/B runs of sm90)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape (median)")
+    ap.add_argument("--heads", type=int, default=16,
+                    help="query and KV heads (16; e.g. 33, whose D128/D256 launches of 4224 tiles fill every round "
+                         "of 132 SMs: no schedule tail)")
     ap.add_argument("--baseline-bundle", action="append", default=[],
                     help="another bundle (e.g. built from the previous commit): its kernel runs as contender 'base' in "
                          "the same rounds (A/B of a kernel change); repeat for 'base2', 'base3', ...")
@@ -78,10 +82,12 @@ def main() -> None:
         shapes = [s for s in shapes if s[2] in (2048, 8192)]
     if args.head_dim:
         shapes = [s for s in shapes if s[0] in args.head_dim]
-    if args.causal_only:
-        shapes = [s for s in shapes if s[3]]
+    if args.causal_only and args.non_causal_only:
+        raise SystemExit("--causal-only and --non-causal-only: give one")
+    if args.causal_only or args.non_causal_only:
+        shapes = [s for s in shapes if s[3] == args.causal_only]
     for D, dtype, S, causal in shapes:
-        H, B = 16, max(1, 16384 // S)
+        H, B = args.heads, max(1, 16384 // S)
         t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         q, k, v = (torch.randn(B, S, H, D, dtype=t, device="cuda") for _ in range(3))
         out = torch.empty_like(q)

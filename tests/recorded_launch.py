@@ -42,6 +42,19 @@ def record_launches(monkeypatch) -> list[dict]:
     return launched
 
 
+class RecordingSlot:
+    """A DescriptorSlot (aotc.runtime.tma) that keeps its recipe instead of encoding."""
+
+    def __init__(self, recipe, address):
+        self.recipe, self.address, self.data = recipe, address, bytes(128)
+
+    def update(self, address):
+        if address == self.address:
+            return None
+        self.address = address
+        return self.data
+
+
 COUNTERS = 1 << 40
 
 

@@ -35,7 +35,7 @@ from aotc.runtime.tensors import TensorArg
 from aotc.runtime.validate import packed_strides
 from recorded_launch import COUNTERS, OneTile, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel as paged_kernel
-from test_runtime_attention_plan import RecordingSlot
+from recorded_launch import RecordingSlot
 from test_runtime_workspace import DecodeRuntime
 
 H, H_KV, D, B = 32, 8, 128, 4

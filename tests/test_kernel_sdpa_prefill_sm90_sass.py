@@ -59,6 +59,12 @@ def test_the_softmax_overlaps_the_pv_gemm(tmp_path, head_dim, block_n, causal):
     assert loops, "no kv loop found in the SASS"
     windows = [between_waits(body) for body in loops]
     counts = [sum("MUFU.EX2" in op for op in w) for w in windows]
+    if not causal:
+        # the split tail's pieces run a copy of the loops of their own, after the whole rounds' in the code; a
+        # non-causal tile masks only its first block (first_block, before the loops), so of each copy only the
+        # unmasked loop, the shorter, runs: the whole rounds' (nearly all the work) is held to what was measured
+        assert len(loops) in (2, 4), f"{len(loops)} kv loops: expected the whole rounds' and the split tail's copies"
+        counts = [min(zip(loops[:2], counts[:2]), key=lambda lc: len(lc[0]))[1]]
     assert min(counts) >= EXP2S_BEFORE_PV_WAIT[head_dim, block_n, causal], (
         f"exp2s before the PV wait per kv loop: {counts}: ptxas now waits for PV earlier in the softmax; "
         "re-measure (benchmarks/probes/cycles_ab.py) before accepting it")

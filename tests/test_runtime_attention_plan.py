@@ -12,24 +12,11 @@ from aotc.common.errors import ArgumentError
 from aotc.families.sdpa_prefill_sm90 import MAX_KV_SPLITS, PARAMS, split_workspace_bytes
 from aotc.runtime import tensor
 from aotc.runtime.validate import packed_strides
-from recorded_launch import SPLITS, OneTile, record_launches, split_arena, stream_counters
+from recorded_launch import SPLITS, OneTile, RecordingSlot, record_launches, split_arena, stream_counters
 from test_runtime_attention import fake_kernel
 
 H, H_KV, D, B = 8, 2, 128, 3
 GAP = 1 << 36  # between the tensors' base addresses: nothing overlaps
-
-
-class RecordingSlot:
-    """A DescriptorSlot that keeps its recipe instead of encoding."""
-
-    def __init__(self, recipe, address):
-        self.recipe, self.address, self.data = recipe, address, bytes(128)
-
-    def update(self, address):
-        if address == self.address:
-            return None
-        self.address = address
-        return self.data
 
 
 class FakeRuntime(OneTile):

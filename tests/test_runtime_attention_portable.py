@@ -22,7 +22,7 @@ from aotc.runtime import Runtime, counters, driver, tensor, workspace
 from aotc.runtime.attention_portable import HOPPER, PORTABLE
 from aotc.runtime.validate import packed_strides
 from recorded_launch import record_launches
-from test_runtime_attention_plan import RecordingSlot
+from recorded_launch import RecordingSlot
 
 GAP = 1 << 36  # between the tensors' base addresses: nothing overlaps
 PASS_ROWS = 16  # rows of one cp.async pass of a K/V tile (128 threads, 8 a row)

@@ -240,7 +240,8 @@ PARAMS: tuple[Param, ...] = (
     Param("kv_groups_per_page", "i32"),
     # the paged variants' KV splits (kv_splits): a tile's kv blocks shared by up to kv_splits_max CTAs, their fp32
     # partials in split_partials and arrivals counted in split_counters (int32, 0 at launch and left 0), of
-    # split_workspace_bytes(); 0 for the other variants (and kv_splits_max 0 or 1: no split)
+    # split_workspace_bytes(); the dense non-causal variants' split tail (tail_splits) the same, kv_splits_max 2;
+    # 0 for the other variants (and kv_splits_max 0 or 1: no split)
     ptr("split_partials", 16), ptr("split_counters", 4), Param("kv_splits_max", "i32"),
 )
 
@@ -271,10 +272,53 @@ def kv_split_range(n_min, n_max, split, splits):
 def split_workspace_bytes(ctas: int, block_m: int, head_dim: int) -> tuple[int, int]:
     """(partials, counters) bytes of the KV splits' workspace of a launch of `ctas` CTAs: a split runs on one CTA,
     and S * tiles <= CTAs, so a slot a CTA: each consumer thread's O fragment (block_m * head_dim fp32 a CTA) and
-    its rows' LSEs (two a thread), and an arrival counter per (tile, consumer warpgroup)."""
+    its rows' LSEs (two a thread), and an arrival counter per (tile, consumer warpgroup). A split tail (tail_splits)
+    uses a slot and a counter per boundary between two CTAs' ranges: fewer than `ctas` of each."""
     warpgroups = block_m // Q_BOX_ROWS
     partials = ctas * (block_m * head_dim + 2 * WARPGROUP * warpgroups) * 4
     return partials, ctas * warpgroups * 4
+
+# The split tail of dense non-causal launches. Their tiles all cost the same, and a launch of T tiles on a persistent
+# grid of n CTAs runs ceil(T / n) rounds: at the issue's shapes (2048 D128 or D256 tiles on 132 SMs, 15.5 rounds) the
+# last round leaves half the SMs idle (prefill_drawn_tail.json's tail_probe: 3.3% more SM cycles a head at H 16 than
+# at H 33, whose tiles fill the rounds). With a split tail the CTAs run ceil(T / n) - 2 whole rounds of tiles, then
+# cut the last n + T % n tiles' kv blocks into n equal ranges in tile order, one a CTA (stream-K's partition): a
+# range is at least a tile long, so a tile's blocks go to one CTA or two, and each boundary between two CTAs' ranges
+# that falls inside a tile splits it in two pieces. The piece that arrives first writes its normalized fp32 O and LSE
+# to the boundary's workspace slot; the second merges them with its own before its one store of O
+# (aotc.kernels.sdpa_prefill_sm90: pair_arrive). A launch splits when every CTA has a whole round to run (T >= n),
+# T % n > 0 and a tile has at least TAIL_SPLIT_MIN_BLOCKS kv blocks: a piece's Q load, partial and merge cost about a
+# block's time.
+TAIL_SPLIT_MIN_BLOCKS = 8
+
+
+def tail_splits(variant: Variant) -> bool:
+    """Whether the variant's kernel splits its launch's tail (launch fact tail_splits: the runtime gives it a split
+    workspace and kv_splits_max 2): the dense non-causal kernels."""
+    return variant["layout"] == "dense" and not variant["causal"]
+
+
+def tail_split_pieces(tiles: int, ctas: int, kv_blocks: int) -> dict[int, list[tuple[int, int, int, int, int]]]:
+    """The split tail's plan in plain Python, as the kernel computes it (PersistentTiles.tail_plan, tail_piece):
+    {CTA: [(tile, lo, hi, split, boundary)]} of the pieces after the whole rounds, each tile's kv blocks [lo, hi),
+    split 0 or 1 of the boundary's two pieces (-1: a whole tile); {} when the launch does not split. For tests and
+    reports."""
+    full = tiles // ctas
+    if full < 1 or tiles % ctas == 0 or kv_blocks < TAIL_SPLIT_MIN_BLOCKS:
+        return {}
+    static_rounds = full - 1
+    units = (tiles - static_rounds * ctas) * kv_blocks
+    plan = {}
+    for c in range(ctas):
+        u0, u1 = c * units // ctas, (c + 1) * units // ctas
+        pieces = []
+        for t in range(u0 // kv_blocks, (u1 - 1) // kv_blocks + 1):
+            lo, hi = max(u0 - t * kv_blocks, 0), min(u1 - t * kv_blocks, kv_blocks)
+            split, boundary = (1, c - 1) if lo > 0 else ((0, c) if hi < kv_blocks else (-1, -1))
+            pieces.append((static_rounds * ctas + t, lo, hi, split, boundary))
+        plan[c] = pieces
+    return plan
+
 
 ARCHS = ("sm_90a",)
 # fp8 KV: (head dim, block_n) -> the tile. The conversion warps of the producer warpgroup need registers the
@@ -366,6 +410,7 @@ def launch_facts(variant: Variant, t: Tile | None = None) -> LaunchFacts:
         extra={"block_m": t.block_m, "block_n": t.block_n, "stages": t.stages, "pingpong": t.pingpong,
                "persistent": True, "tma": tma_recipe(variant, t.block_n),
                "draws_tiles": draws_tiles(variant), "kv_splits": kv_splits(variant),
+               "tail_splits": tail_splits(variant),
                "picked_from_seqlen_kv": picked_from_seqlen_kv(variant, t.block_n)},
     )
 

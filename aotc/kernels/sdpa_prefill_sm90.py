@@ -23,7 +23,10 @@ each tile after its first from the runtime's counter once its producer has issue
 (tile_scheduler.RaggedTiles: unpaged_ragged_tile, paged_tile, draw_next; the producer locates each tile and
 hands it to the other warps whole, publish_tile/take_tile). A paged launch of fewer tiles than CTAs splits each
 tile's kv blocks over several CTAs (KV splits: item_kv_range, tile_splits), whose fp32 partials the last split of
-a tile to arrive merges in its epilogue (split_arrive, merge_splits).
+a tile to arrive merges in its epilogue (split_arrive, merge_splits). A dense non-causal launch whose tiles do not fill
+its last round runs all but its last two rounds of whole tiles, then the last gridDim.x + tiles % gridDim.x tiles' kv
+blocks cut into one equal range a CTA (the split tail: PersistentTiles.tail_plan, tail_piece); a tile cut between two
+CTAs is merged by the piece arriving second (pair_arrive).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
@@ -72,9 +75,10 @@ from cutlass.experimental.cuda.tensor_map import TensorMap, TensorMapSwizzle, cr
 from cutlass.memory import SmemAllocator
 
 from ..families.sdpa_prefill_sm90 import (BARRIER_BYTES, FP8_REGISTERS, FP8_TILES, RAGGED_REGISTERS, PARAMS, Q_BOX_ROWS,
-                                          REGISTERS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS, Tile, draws_tiles,
-                                          kv_box_rows, kv_fp8, kv_split_range, kv_splits, launch_facts, page_size,
-                                          registers_after_setmaxnreg, why_registers_do_not_fit)
+                                          REGISTERS, TAIL_SPLIT_MIN_BLOCKS, TMA_BOX_COLS, WARPGROUP, MIN_SPLIT_BLOCKS,
+                                          Tile, draws_tiles, kv_box_rows, kv_fp8, kv_split_range, kv_splits,
+                                          launch_facts, page_size, registers_after_setmaxnreg, tail_splits,
+                                          why_registers_do_not_fit)
 from ..families.sdpa_prefill_sm90 import draws_early, row_group_kv
 from ..families.sdpa_prefill_sm90 import tile as family_tile
 from .compile import PTXAS_LEVELS, KernelBuild, compile_kernel
@@ -204,6 +208,8 @@ class SdpaPrefillSm90:
         self.grouped_kv = row_group_kv(variant, t.block_n)
         # KV splits (launch_splits; the family's kv_splits: the 16-bit paged kernels)
         self.kv_splits = kv_splits(variant)
+        # the split tail of dense non-causal launches (PersistentTiles.tail_plan; the family's tail_splits)
+        self.tail_splits = tail_splits(variant)
         # the next work item drawn before the tile's last K block (produce_paged_item; the family's draws_early)
         self.draws_early = draws_early(variant)
         # the warps that take each drawn tile from the producer: the consumers', fp8 KV's conversion warps, and
@@ -951,7 +957,8 @@ class SdpaPrefillSm90:
     def epilogue(self, ctx, o, wg_index):
         """O = acc / rowsum and the rows' LSE, then (store_o) O and LSE out; paged KV splits (split_word's splits >
         1): then the split's O and LSE to the workspace too, and the split arriving last stores the merge over what
-        every split stored."""
+        every split stored; a split tail's piece of a split tile: the first of its two to arrive writes its O and
+        LSE to the workspace, the second merges them into its own before its store (pair_arrive)."""
         acc_O = ctx.acc_O
         row_max = ctx.row_max
         row_sum = ctx.row_sum
@@ -965,6 +972,12 @@ class SdpaPrefillSm90:
             word = self.shared_words(ctx.bars, self.SPLIT_WORDS, 2)[ctx.q_count & 1]
             split = word & 255
             splits = (word >> 8) & 255
+        # a split-tail piece (tail_tile's word), its loop's own copy of the epilogue; the whole rounds' has none
+        tail_piece = self.tail_splits and getattr(ctx, "split_word", None) is not None
+        if cutlass.const_expr(tail_piece):
+            word = ctx.split_word
+            split = word & 255
+            splits = (word >> 8) & 255
         sink_log2 = None
         if cutlass.const_expr(self.sinks):
             sink_log2 = cute.make_rmem_tensor((n_rows,), Float32)
@@ -976,6 +989,9 @@ class SdpaPrefillSm90:
                         sink_log2[r] = Float32(NEG_INF)
                 else:
                     sink_log2[r] = ctx.sinks[ctx.head] * Float32(LOG2_E)
+                    if cutlass.const_expr(tail_piece):
+                        if split != 0:  # counted once, in split 0's softmax
+                            sink_log2[r] = Float32(NEG_INF)
         if cutlass.const_expr(self.fp8):  # O over v_fp8: times the V scale
             acc_O.store(acc_O.load() * ctx.v_scale)
         normalize_rows(O_mn, row_max, row_sum, ctx.scale_log2, lse_r, sink_log2)
@@ -983,7 +999,15 @@ class SdpaPrefillSm90:
         # arrival) the split arriving last merges every split's and stores over them (store_merged). The stores stay
         # out of the split's branch: ptxas scheduled the kv loops otherwise when they depended on it (the PV wait
         # before every exp2 of the D128-176 loop: 5% more SM cycles).
+        first = Int32(0)
+        if cutlass.const_expr(tail_piece):
+            if splits > 1:
+                first = self.pair_arrive(acc_O, ctx.wg_tid, ctx.bars, ctx.split_partials, ctx.split_counters, wg_index,
+                                         split, (word >> 16) & 0xFFFF, lse_r)
         self.store_o(ctx, o, wg_index, lse_r)
+        if cutlass.const_expr(tail_piece):
+            if first != 0:
+                self.pair_leave(ctx.wg_tid, ctx.split_counters, wg_index, (word >> 16) & 0xFFFF)
         if cutlass.const_expr(self.kv_splits):
             if splits > 1:
                 item0 = (word >> 16) & 0xFFFF
@@ -1010,20 +1034,7 @@ class SdpaPrefillSm90:
         counter 0), else 0. The barrier orders every thread's partial stores before thread 0's gpu-scope acq_rel
         atomic (release is cumulative); the second passes its acquire on, so the last split reads the others'
         partials (the decode family's split_arrive, per warpgroup)."""
-        frag = cute.size(acc_O)
-        n_rows = cute.size(lse_r)
-        O_mn = acc_mn_view(acc_O)
-        n_cols = frag // n_rows
-        base = self.split_slot(acc_O, item0 + split, wg_index)
-        vec = cute.make_rmem_tensor((4,), Float32)
-        for r in cutlass.range_constexpr(n_rows):
-            for k in cutlass.range_constexpr(n_cols // 4):
-                for e in cutlass.range_constexpr(4):
-                    vec[e] = O_mn[r, 4 * k + e]
-                off = base + Int64(((r * (n_cols // 4) + k) * _WG + t) * 4)
-                cute.make_tensor(ws + cute.assume(off, divby=4), cute.make_layout(4)).store(vec.load())
-        for r in cutlass.range_constexpr(n_rows):
-            ws[base + Int64(frag * _WG + r * _WG + t)] = lse_r[r]
+        self.write_partial(acc_O, t, ws, self.split_slot(acc_O, item0 + split, wg_index), lse_r)
         flags = self.shared_words(bars, self.SPLIT_FLAGS, self.n_wg)
         cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
         if t == 0:
@@ -1038,6 +1049,102 @@ class SdpaPrefillSm90:
             flags[wg_index] = flag
         cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
         return flags[wg_index]
+
+    @cute.jit
+    def write_partial(self, acc_O, t, ws, base, lse_r):
+        """This thread's O fragment (normalized, fp32) and its rows' LSEs into the workspace slot at `base`
+        (split_slot's layout)."""
+        frag = cute.size(acc_O)
+        n_rows = cute.size(lse_r)
+        O_mn = acc_mn_view(acc_O)
+        n_cols = frag // n_rows
+        vec = cute.make_rmem_tensor((4,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            for k in cutlass.range_constexpr(n_cols // 4):
+                for e in cutlass.range_constexpr(4):
+                    vec[e] = O_mn[r, 4 * k + e]
+                off = base + Int64(((r * (n_cols // 4) + k) * _WG + t) * 4)
+                cute.make_tensor(ws + cute.assume(off, divby=4), cute.make_layout(4)).store(vec.load())
+        for r in cutlass.range_constexpr(n_rows):
+            ws[base + Int64(frag * _WG + r * _WG + t)] = lse_r[r]
+
+    # A split tail's split tile (PersistentTiles.tail_piece): two pieces on two CTAs share boundary b's slot and
+    # (per consumer warpgroup) its counter, 0 at launch. Thread 0 of a piece's warpgroup adds 1: the first to arrive
+    # (ticket 0) writes its partial, stores its O like a whole tile's, then adds 2 (release, after a barrier: every
+    # thread's stores before it); the second waits until the counter reads 4 (ticket 3: at once), puts it back to 0,
+    # merges the first's partial into its own O and LSE, and stores over the first's O. Only the first, already past
+    # its kv loop, is ever waited for, so no piece waits on a CTA that has not started. One partial a split tile, and
+    # its merge needs no second store of O (a paged split's last arrival stores the merge over its own store).
+    @cute.jit
+    def pair_arrive(self, acc_O, t, bars, ws, counters, wg_index, split, boundary, lse_r):
+        """A split-tail piece of a split tile: its ticket; the first writes its partial, the second merges the
+        first's into acc_O and lse_r. Returns 1 for the first (which then calls pair_leave after its store)."""
+        flags = self.shared_words(bars, self.SPLIT_FLAGS, self.n_wg)
+        if t == 0:
+            idx = Int64(boundary) * Int64(self.n_wg) + Int64(wg_index)
+            ticket = cute.arch.atomic_add(counters + idx, Int32(1), sem="acq_rel", scope="gpu")
+            if ticket != 0:
+                seen = ticket + 1
+                while seen != 4:  # the first's release not seen yet
+                    seen = cute.arch.atomic_add(counters + idx, Int32(0), sem="acquire", scope="gpu")
+                # both arrived: nothing else touches the counter in this launch, and the next launch (stream-
+                # ordered) sees the 0
+                cute.make_tensor(counters + idx, cute.make_layout(1))[0] = Int32(0)
+            flag = Int32(0)
+            if ticket == 0:
+                flag = Int32(1)
+            flags[wg_index] = flag
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)  # passes thread 0's acquire on
+        first = flags[wg_index]
+        base = self.split_slot(acc_O, boundary, wg_index)
+        if first != 0:
+            self.write_partial(acc_O, t, ws, base, lse_r)
+        else:
+            self.merge_pair(acc_O, t, ws, base, split, lse_r)
+        return first
+
+    @cute.jit
+    def pair_leave(self, t, counters, wg_index, boundary):
+        """The first piece of a split tile, its partial and its O stored: the release its second piece waits for."""
+        cute.arch.barrier(barrier_id=1 + wg_index, number_of_threads=_WG)
+        if t == 0:
+            idx = Int64(boundary) * Int64(self.n_wg) + Int64(wg_index)
+            cute.arch.atomic_add(counters + idx, Int32(2), sem="release", scope="gpu")
+
+    @cute.jit
+    def merge_pair(self, acc_O, t, ws, base, split, lse_r):
+        """The second piece of a split tile: its own O and LSE (acc_O, lse_r) merged with the first's partial at
+        `base`, as merge_splits merges (weights exp(lse_j - m)), the terms taken in split order whichever arrived
+        second, so the bits do not depend on the order of arrival."""
+        O_mn = acc_mn_view(acc_O)
+        frag = cute.size(acc_O)
+        n_rows = cute.size(lse_r)
+        n_cols = frag // n_rows
+        vec = cute.make_rmem_tensor((4,), Float32)
+        for r in cutlass.range_constexpr(n_rows):
+            other = ws[base + Int64(frag * _WG + r * _WG + t)]
+            m = cute.arch.fmax(lse_r[r], other)
+            if m == Float32(NEG_INF):  # neither piece saw a key: every weight 0
+                m = Float32(0.0)
+            w_own = cute.math.exp2((lse_r[r] - m) * Float32(LOG2_E), fastmath=True)
+            w_other = cute.math.exp2((other - m) * Float32(LOG2_E), fastmath=True)
+            w0, w1 = w_own, w_other
+            if split != 0:
+                w0, w1 = w_other, w_own
+            total = w0 + w1
+            inv = Float32(0.0)
+            lse_r[r] = Float32(NEG_INF)
+            if total > Float32(0.0):
+                inv = cute.arch.rcp_approx(total)
+                lse_r[r] = m + cute.math.log2(total, fastmath=True) * Float32(LN_2)
+            for k in cutlass.range_constexpr(n_cols // 4):
+                off = base + Int64(((r * (n_cols // 4) + k) * _WG + t) * 4)
+                cute.autovec_copy(cute.make_tensor(ws + cute.assume(off, divby=4), cute.make_layout(4)), vec)
+                for e in cutlass.range_constexpr(4):
+                    x0, x1 = O_mn[r, 4 * k + e], vec[e]
+                    if split != 0:
+                        x0, x1 = vec[e], O_mn[r, 4 * k + e]
+                    O_mn[r, 4 * k + e] = (x0 * w0 + x1 * w1) * inv
 
     @cute.jit
     def merge_splits(self, acc_O, t, ws, wg_index, splits, item0, lse_r):
@@ -1468,6 +1575,10 @@ class SdpaPrefillSm90:
                     static_rounds, drawn = rounds, Int32(0)
                     if cutlass.const_expr(self.draws_tiles):
                         static_rounds, drawn = self.scheduler.drawn_plan(m_blocks, n_bh, n_ctas, rounds, pairs)
+                    tail = None
+                    if cutlass.const_expr(self.tail_splits):
+                        tail = (m_blocks, n_bh, n_ctas, first_tile, seqlen_kv, kv_splits_max)
+                        static_rounds, _, _, _, _ = self.tail_plan(tail)
                     for i in cutlass.range(static_rounds, unroll=1):
                         valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch,
                                                                pairs)
@@ -1479,6 +1590,13 @@ class SdpaPrefillSm90:
                             self.producer_tile(tma_q, tma_k, tma_v, storage, q_start, kv_start, head, head // group,
                                                bidx, m_block, n_max, n_max - n_min, g0, q_count)
                             g0 = g0 + (n_max - n_min)
+                            q_count = q_count + 1
+                    if cutlass.const_expr(self.tail_splits):
+                        for j in cutlass.range(self.tail_pieces(tail), unroll=1):
+                            m_block, head, bidx, lo, hi, _ = self.tail_tile(j, tail, heads_q)
+                            self.producer_tile(tma_q, tma_k, tma_v, storage, 0, 0, head, head // group, bidx, m_block,
+                                               hi, hi - lo, g0, q_count)
+                            g0 = g0 + (hi - lo)
                             q_count = q_count + 1
                     if cutlass.const_expr(self.draws_tiles):
                         self.producer_drawn(tma_q, tma_k, tma_v, storage, tile_counter, first_tile, n_ctas, m_blocks,
@@ -1629,6 +1747,10 @@ class SdpaPrefillSm90:
                 static_rounds, drawn = rounds, Int32(0)
                 if cutlass.const_expr(self.draws_tiles):
                     static_rounds, drawn = self.scheduler.drawn_plan(m_blocks, n_bh, n_ctas, rounds, pairs)
+                tail = None
+                if cutlass.const_expr(self.tail_splits):
+                    tail = (m_blocks, n_bh, n_ctas, first_tile, seqlen_kv, kv_splits_max)
+                    static_rounds, _, _, _, _ = self.tail_plan(tail)
                 for i in cutlass.range(static_rounds, unroll=1):
                     valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q,
                                                                           batch, pairs)
@@ -1637,6 +1759,11 @@ class SdpaPrefillSm90:
                     if valid != 0 and m_block * self.bm < s_q:
                         g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv,
                                                          g0, q_count)
+                if cutlass.const_expr(self.tail_splits):
+                    for j in cutlass.range(self.tail_pieces(tail), unroll=1):
+                        m_block, head, bidx, lo, hi, word = self.tail_tile(j, tail, heads_q)
+                        g0, q_count = self.consumer_tile(ctx, o, wg_index, m_block, head, bidx, 0, seqlen_q, seqlen_kv,
+                                                         g0, q_count, (lo, hi, word))
                 if cutlass.const_expr(self.draws_tiles):
                     # the drawn tiles: the CTA's own first, each next one the producer's draw (tile_full)
                     slot = cute.make_tensor(bars + self.TILE_SLOT, cute.make_layout(1))
@@ -1660,13 +1787,48 @@ class SdpaPrefillSm90:
                         r = cute.arch.make_warp_uniform(cute.arch.shuffle_sync(taken, 0))
                         handoff = handoff + 1
 
+    # The split tail (tail_splits): the CTA's whole rounds run as every dense launch's static rounds do, then its tail
+    # pieces in a loop of their own, a second copy of the kv loop. Carried through one loop with the rounds, the
+    # plan's values moved ptxas's schedule of the kv loop (25 more instructions an iteration), and recomputed there
+    # from the launch's values they still put D128-176's PV wait before every exp2 (0 of 90 before it, from 24:
+    # benchmarks/probes/sass_loops.py). tail: the launch's values the plan derives from (m_blocks, n_bh, n_ctas, the
+    # CTA, seqlen_kv, kv_splits_max).
     @cute.jit
-    def consumer_tile(self, ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0, q_count):
-        """A consumer warpgroup's part of one dense or ragged (unpaged) tile; the ring position and Q count
-        after it."""
+    def tail_plan(self, tail):
+        """(static rounds, u0, u1, work items, kv blocks a tile) of the CTA (PersistentTiles.tail_plan)."""
+        m_blocks, n_bh, n_ctas, cta, seqlen_kv, kv_splits_max = tail
+        kv_blocks = (seqlen_kv + (self.bn - 1)) // self.bn
+        static_rounds, u0, u1, items = self.scheduler.tail_plan(m_blocks, n_bh, n_ctas, cta, kv_blocks, kv_splits_max,
+                                                                TAIL_SPLIT_MIN_BLOCKS)
+        return static_rounds, u0, u1, items, kv_blocks
+
+    @cute.jit
+    def tail_pieces(self, tail):
+        """The CTA's split-tail pieces (0 where the launch does not split)."""
+        static_rounds, _, _, items, _ = self.tail_plan(tail)
+        return items - static_rounds
+
+    @cute.jit
+    def tail_tile(self, j, tail, heads_q):
+        """(m_block, head, bidx, lo, hi, split word) of the CTA's split-tail piece j: its kv blocks [lo, hi)."""
+        m_blocks, _, n_ctas, cta, _, _ = tail
+        static_rounds, u0, u1, _, kv_blocks = self.tail_plan(tail)
+        t, lo, hi, word = self.scheduler.tail_piece(j, u0, u1, kv_blocks, cta, static_rounds, n_ctas)
+        bh = t // m_blocks
+        return t % m_blocks, bh % heads_q, bh // heads_q, lo, hi, word
+
+    @cute.jit
+    def consumer_tile(self, ctx, o, wg_index, m_block, head, bidx, q_start, s_q, s_kv, g0, q_count, piece=None):
+        """A consumer warpgroup's part of one dense or ragged (unpaged) tile (piece: a split tail's item, its kv
+        blocks [lo, hi) and split word); the ring position and Q count after it."""
         kv_range = kv_block_range(m_block, s_q, s_kv, self.bm, self.bn, self.causal, self.window, ctx.window_left)
         # this tile's values on a copy of ctx (ctx itself keeps one structure across the loop)
         tile = SimpleNamespace(**vars(ctx))
+        if cutlass.const_expr(piece is not None):
+            lo, hi, word = piece
+            _, _, n_mask_min, n_left_end = kv_range
+            kv_range = (lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi))
+            tile.split_word = word
         tile.m_block = m_block
         tile.s_q = s_q
         tile.s_kv = s_kv

@@ -43,7 +43,10 @@ class PersistentTiles:
       heads, whose K/V stay in L2; the middle tiles of an odd m_blocks (no partner, half a pair's cost)
       come after every full pair, so they fill in instead of landing on the same CTAs every round;
     * causal without pairs: the longest tiles first, in snake order, which balances to the end;
-    * causal with pairs and a tile counter (dense launches): the last rounds' tiles drawn (drawn_plan).
+    * causal with pairs and a tile counter (dense launches): the last rounds' tiles drawn (drawn_plan);
+    * non-causal with a split tail (dense launches given a workspace): the last n_ctas + tiles % n_ctas tiles'
+      kv blocks cut into one equal range a CTA (tail_plan, tail_piece; aotc.families.sdpa_prefill_sm90's
+      TAIL_SPLIT_MIN_BLOCKS says when and why).
 
     Pairs are taken whenever they fill the grid (pairs_when_they_fill, D128 and D256), or else when a
     round would hold fewer than min_tiles_per_head tiles of each head: longest-first over many heads
@@ -129,6 +132,41 @@ class PersistentTiles:
                 bh = cutlass.max(p0, m_blocks // 2 * n_bh) + (r - full_left) - m_blocks // 2 * n_bh
                 m_block = m_blocks // 2
         return m_block, bh
+
+    @cute.jit
+    def tail_plan(self, m_blocks, n_bh, n_ctas, cta, kv_blocks, may_split, min_blocks: cutlass.Constexpr):
+        """Non-causal, a split tail allowed (may_split != 0: the runtime gave a workspace): (static rounds, u0, u1,
+        work items) of CTA `cta`, the split tail's kv blocks [u0, u1) of its tiles laid end to end
+        (aotc.families.sdpa_prefill_sm90.tail_split_pieces is the same plan in plain Python). Without a split the
+        static rounds are every round and [u0, u1) is empty."""
+        tiles = m_blocks * n_bh
+        static_rounds = (tiles + (n_ctas - 1)) // n_ctas
+        full = tiles // n_ctas
+        u0 = Int32(0)
+        u1 = Int32(0)
+        items = static_rounds
+        if may_split != 0 and full >= 1 and tiles - full * n_ctas > 0 and kv_blocks >= min_blocks:
+            static_rounds = full - 1
+            units = cutlass.Int64(tiles - static_rounds * n_ctas) * cutlass.Int64(kv_blocks)
+            u0 = Int32(cutlass.Int64(cta) * units // cutlass.Int64(n_ctas))
+            u1 = Int32(cutlass.Int64(cta + 1) * units // cutlass.Int64(n_ctas))
+            items = static_rounds + (u1 - 1) // kv_blocks - u0 // kv_blocks + 1
+        return static_rounds, u0, u1, items
+
+    @cute.jit
+    def tail_piece(self, j, u0, u1, kv_blocks, cta, static_rounds, n_ctas):
+        """(tile, lo, hi, word) of the CTA's split-tail piece j: the tile's kv blocks [lo, hi) and its split word
+        (split | splits << 8 | boundary << 16: split 1 of 2 when it starts inside the tile, at the boundary with the
+        CTA before; split 0 of 2 when it ends inside, at the boundary with the CTA after; else 1 split)."""
+        t = u0 // kv_blocks + j
+        lo = cutlass.max(u0 - t * kv_blocks, Int32(0))
+        hi = cutlass.min(u1 - t * kv_blocks, kv_blocks)
+        word = Int32(1 << 8)
+        if lo > 0:
+            word = 1 + (2 << 8) + ((cta - 1) << 16)
+        elif hi < kv_blocks:
+            word = (2 << 8) + (cta << 16)
+        return static_rounds * n_ctas + t, lo, hi, word
 
     @cute.jit
     def snake(self, i, cta, n_ctas):

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from ..common.errors import ArgumentError
 from ..families.schedulers import ragged_grid
 from ..families.sdpa_decode import MAX_SEQLEN_Q as DECODE_MAX_Q
-from ..families.sdpa_prefill_sm90 import MAX_KV_SPLITS, Q_BOX_ROWS, split_workspace_bytes
+from ..families.sdpa_prefill_sm90 import MAX_KV_SPLITS, Q_BOX_ROWS
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
@@ -68,10 +68,9 @@ from .features import check_feature_scalars, check_features, feature_scalars, mi
 from .decode import MAX_CHUNK_SLOTS, DecodePlan
 from .kv_scales import check_kv_dtypes, check_kv_scales, kv_stride_multiple
 from .plan import Plan, cached_plan, torch_key
-from .prefill import PICKED_FROM, hopper_candidates
+from .prefill import PICKED_FROM, hopper_candidates, split_buffers
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
-from .workspace import StreamBuffers
 from .attention_portable import PORTABLE, PortableLaunch, check_grid, portable_fields, prefill_family, served_pages
 
 FAMILY = "sdpa_prefill_sm90"
@@ -531,10 +530,8 @@ class AttentionPlan(Plan):
         """The paged kernel's KV-split workspace (aotc.families.sdpa_prefill_sm90.split_workspace_bytes for its grid):
         the launch stream's buffer of the runtime's split arena (aotc.runtime.workspace), the partials at its front
         and the counters at its back, set at each launch (run); the kernel's values with its bound."""
-        partials, counters = split_workspace_bytes(ctas, int(kernel.artifact.launch.extra["block_m"]), head_dim)
-        self._split_ws = StreamBuffers(runtime.split_workspaces, device, partials, counters,
-                                       lambda buf: (buf.ptr, buf.ptr + buf.nbytes - counters))
-        self.split_partials_bytes = partials
+        self._split_ws, self.split_partials_bytes = split_buffers(runtime, device, ctas,
+                                                                  int(kernel.artifact.launch.extra["block_m"]), head_dim)
         return {**values, "split_partials": 0, "split_counters": 0, "kv_splits_max": MAX_KV_SPLITS}
 
     def split_partials_at(self, stream: int) -> int:

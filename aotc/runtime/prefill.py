@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..common.errors import ArgumentError
 from ..families.schedulers import persistent_grid
+from ..families.sdpa_prefill_sm90 import split_workspace_bytes
 from . import validate as V
 from .driver import multiprocessor_count
 from .dlpack import torch_layouts
@@ -23,6 +24,7 @@ from .features import check_features, feature_scalars, missing_kernel
 from .plan import Plan, cached_plan, torch_key
 from .tensors import TensorArg, as_output, as_stream, as_tensor
 from .tma import DescriptorSlot, TiledRecipe, element_bytes
+from .workspace import StreamBuffers
 
 FAMILY = "sdpa_prefill"
 HOPPER = "sdpa_prefill_sm90"
@@ -146,7 +148,8 @@ class PrefillPlan(Plan):
         kernel, self.inputs = self._choose(runtime, device, family, wanted, d, t, ls, ragged, dtype, specialize,
                                            feats.any)
         values.update(self.inputs.values)
-        # the Hopper kernel's paged-layout parameters, unused by dense and ragged variants
+        # the Hopper kernel's paged-layout parameters, unused by dense and ragged variants (but for the split
+        # workspace of a dense non-causal one, set below)
         values.update({p.name: 0 for p in kernel.artifact.abi.params if p.name in _PAGED_ONLY})
         # a kernel that draws its tiles at run time gets its stream's counter per launch (aotc.runtime.counters)
         values["tile_counter"] = 0
@@ -155,12 +158,20 @@ class PrefillPlan(Plan):
             self._counters.reserve(device)
         bm = int(kernel.artifact.launch.extra["block_m"])  # the tile of the cubin that runs, as it was built
         grid = self.inputs.grid((d.seqlen_q + bm - 1) // bm, d, device)
+        # a dense non-causal Hopper kernel splits its launch's tail over a workspace of the stream's
+        # (aotc.families.sdpa_prefill_sm90.TAIL_SPLIT_MIN_BLOCKS); kv_splits_max 2 lets it
+        self._split_ws = None
+        if kernel.artifact.launch.extra.get("tail_splits") and grid[0]:
+            self._split_ws, _ = split_buffers(runtime, device, grid[0], bm, d.head_dim)
+            values["kv_splits_max"] = 2
         self.layout = layout_key(t, ls, cuq, cuk, causal, softmax_scale, max_seqlen_q, max_seqlen_kv, feats.key)
         self.layout_of = V.layouts_of({**t, "lse": ls, "cu_seqlens_q": cuq, "cu_seqlens_kv": cuk})
         self.bind(kernel, grid, device, values)
         self.inputs.bind(self)
         self._slots = self.slots("o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
         self._counter_slot = self.slots("tile_counter")[0] if self._counters is not None else None
+        if self._split_ws is not None:
+            self._split_slots = self.slots("split_partials", "split_counters")
         qkv = ("tma_q", "tma_k", "tma_v") if isinstance(self.inputs, _TmaInputs) else ("q", "k", "v")
         self._mq, self._mk, self._mv, self._mo, self._ml, self._mcq, self._mck = self.masks(
             *qkv, "o", "lse", "cu_seqlens_q", "cu_seqlens_kv")
@@ -207,6 +218,8 @@ class PrefillPlan(Plan):
         s[0].value, s[1].value, s[2].value, s[3].value = out, lse, cu_seqlens_q, cu_seqlens_kv
         if self._counters is not None:
             self._counter_slot.value = self._counters.get(self.device, stream)
+        if self._split_ws is not None:
+            self._split_ws.write(stream, self._split_slots)
         self._launch(stream)
 
     def checked_run(self, q: int, k: int, v: int, out: int, lse: int = 0, cu_seqlens_q: int = 0,
@@ -230,6 +243,17 @@ class PrefillPlan(Plan):
     def launch_records(self, t: dict, ls, cuq, cuk, stream: int) -> None:
         self.checked_run(t["q"].ptr, t["k"].ptr, t["v"].ptr, t["out"].ptr, 0 if ls is None else ls.ptr,
                          0 if cuq is None else cuq.ptr, 0 if cuk is None else cuk.ptr, stream)
+
+
+def split_buffers(runtime, device: int, ctas: int, block_m: int, head_dim: int) -> tuple[StreamBuffers, int]:
+    """A Hopper kernel's split workspace for a grid of `ctas` CTAs (aotc.families.sdpa_prefill_sm90.
+    split_workspace_bytes: the paged kernel's KV splits, the dense split tail): the launch stream's buffer of the
+    runtime's split arena (aotc.runtime.workspace), the partials at its front and the counters at its back, set
+    into the kernel's split_partials and split_counters at each launch; and the partials' bytes."""
+    partials, counters = split_workspace_bytes(ctas, block_m, head_dim)
+    buffers = StreamBuffers(runtime.split_workspaces, device, partials, counters,
+                            lambda buf: (buf.ptr, buf.ptr + buf.nbytes - counters))
+    return buffers, partials
 
 
 def hopper_candidates(runtime, device: int, wanted: dict, seqlen_kv: int) -> list[dict]:

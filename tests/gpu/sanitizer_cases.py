@@ -65,7 +65,8 @@ def prefill_cases(family, rt=rt, picks=None):
         if layout == "dense":
             for B, S_q, S_kv, H_q, H_kv in ((1, 1, 1, 1, 1), (2, 7, 1000, 4, 2), (1, 65, 65, 2, 2), (1, 3, 0, 2, 1),
                                             (1, 130, 7, 2, 2), (2, 300, 300, 2, 1),
-                                            (5, 300, 450, 16, 4)):  # 80 (batch, head) pairs: causal tile pairs
+                                            (5, 300, 450, 16, 4),  # 80 (batch, head) pairs: causal tile pairs
+                                            (1, 800, 1100, 30, 6)):  # non-causal: a split tail (150-210 tiles)
                 q = torch.randn(B, S_q, H_q, D, device="cuda", dtype=t)
                 k = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
                 v = torch.randn(B, S_kv, H_kv, D, device="cuda", dtype=t)
@@ -304,8 +305,9 @@ if mode == "paged-boxes":  # the paged layouts' boxes inside a page alone
     paged_box_cases()
 elif mode == "fp8":  # every fp8 KV kernel of the bundle (AOTC_TEST_BUNDLE: a bundle of every page size and head dim)
     fp8_cases()
-elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged
-    prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False)])
+elif mode == "hopper":  # the sdpa_prefill_sm90 set the Hopper issue names: D64, D128 causal, D256 ragged and dense
+    prefill_cases("sdpa_prefill_sm90", picks=[(64, "dense", False), (128, "dense", True), (256, "ragged", False),
+                                              (256, "dense", False)])
     # the edge shapes are short, so the runtime would pick the narrowest kv tile: force the widest too
     # (the widest tiles stage O in Q's slab and release it last: causal and ragged too)
     prefill_cases("sdpa_prefill_sm90", hopper_tile_runtime("widest"),

@@ -196,36 +196,102 @@ def test_drawn_tiles_cover_every_tile_on_every_call(rt, case):
         assert torch.equal(out, first)
 
 
-def test_drawn_tiles_on_two_streams_at_once(rt):
-    """Each stream draws from a counter of its own: launches queued on two streams run at the same time and
-    each gets every tile of its own call."""
-    q, k, v, ref = _dense_causal(1, 8192, 16, 16, 128)
+def _on_two_streams(rt, q, k, v, causal: bool, reference):
+    """Four launches on each of two streams, queued so they run at the same time, the second stream's on other
+    queries: each gets its own call's result (reference(q, k, v) -> O)."""
     q2 = torch.randn_like(q)
-    ref2 = ref_attention(q2[0], k[0], v[0], True, 128 ** -0.5)[0][None]
     streams = (torch.cuda.Stream(), torch.cuda.Stream())
     outs = [[torch.full_like(q, float("nan")) for _ in range(4)] for _ in streams]
     torch.cuda.synchronize()
     for i in range(4):
         for s, st in enumerate(streams):
             with torch.cuda.stream(st):
-                rt.prefill((q, q2)[s], k, v, outs[s][i], causal=True, stream=st.cuda_stream, family=FAMILY)
+                rt.prefill((q, q2)[s], k, v, outs[s][i], causal=causal, stream=st.cuda_stream, family=FAMILY)
     torch.cuda.synchronize()
-    for s, r in enumerate((ref, ref2)):
+    for s, r in enumerate((reference(q, k, v), reference(q2, k, v))):
         for i in range(4):
             check_close(outs[s][i], r, TOL["bf16"], f"stream {s} launch {i}")
+
+
+def _graph_replays(rt, q, k, v, causal: bool, reference):
+    """A launch captured in a CUDA graph (its plan made outside the capture), replayed three times over new
+    queries: each replay gives the reference (reference(q, k, v) -> O)."""
+    out = torch.empty_like(q)
+    rt.prefill(q, k, v, out, causal=causal, family=FAMILY)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rt.prefill(q, k, v, out, causal=causal, stream=torch.cuda.current_stream().cuda_stream, family=FAMILY)
+    for i in range(3):
+        q.normal_()
+        out.fill_(float("nan"))
+        graph.replay()
+        check_close(out, reference(q, k, v), TOL["bf16"], f"replay {i}")
+
+
+def _reference(q, k, v, causal=False):
+    """The fp32 reference of a dense batch: (O, LSE)."""
+    outs, lses = zip(*(ref_attention(q[b], k[b], v[b], causal, q.shape[-1] ** -0.5) for b in range(q.shape[0])))
+    return torch.stack(outs), torch.stack(lses)
+
+
+def test_drawn_tiles_on_two_streams_at_once(rt):
+    """Each stream draws from a counter of its own: launches queued on two streams run at the same time and
+    each gets every tile of its own call."""
+    q, k, v, _ = _dense_causal(1, 8192, 16, 16, 128)
+    _on_two_streams(rt, q, k, v, True, lambda q, k, v: _reference(q, k, v, True)[0])
 
 
 def test_drawn_tiles_in_a_cuda_graph(rt):
     """A captured launch keeps its capture stream's counter; every replay leaves it 0 for the next."""
     q, k, v, _ = _dense_causal(2, 2048, 40, 8, 128)
-    out = torch.empty_like(q)
-    rt.prefill(q, k, v, out, causal=True, family=FAMILY)  # the plan, made outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        rt.prefill(q, k, v, out, causal=True, stream=torch.cuda.current_stream().cuda_stream, family=FAMILY)
-    for i in range(3):
-        q.normal_()
-        out.fill_(float("nan"))
-        graph.replay()
-        ref = torch.stack([ref_attention(q[b], k[b], v[b], True, 128 ** -0.5)[0] for b in range(2)])
-        check_close(out, ref, TOL["bf16"], f"replay {i}")
+    _graph_replays(rt, q, k, v, True, lambda q, k, v: _reference(q, k, v, True)[0])
+
+
+# The split tail of dense non-causal launches (aotc.families.sdpa_prefill_sm90.TAIL_SPLIT_MIN_BLOCKS): more tiles than
+# SMs, not a whole number of rounds, and at least 8 kv blocks a tile, at every head dim and both D128 tiles (S_kv 8269
+# runs the 176 tile); S_kv past a block's multiple puts the masked last block in a split piece, S_q past block_m's a
+# short tile among the pieces. (B, S_q, S_kv, H_q, H_kv, D); the tiles' count and rounds on 132 SMs in the comment.
+SPLIT_TAIL_CASES = [
+    (2, 1024, 1100, 40, 8, 128),  # 640 tiles: 4 rounds + 112, 9 kv blocks a tile
+    (1, 1000, 3000, 35, 7, 128),  # 280: 2 + 16, 24 blocks, the last query tile of 104 rows
+    (1, 8192, 8269, 17, 17, 128),  # 1088: 8 + 32, 47 blocks of 176
+    (3, 1000, 1000, 47, 47, 64),  # 846 tiles of 192 rows: 6 + 54, 8 blocks
+    (2, 2048, 2048, 40, 8, 256),  # 1280: 9 + 92, 26 blocks of 80
+]
+
+
+def _dense(B, S_q, S_kv, H_q, H_kv, D, dtype=torch.bfloat16):
+    q = torch.randn(B, S_q, H_q, D, dtype=dtype, device="cuda")
+    k, v = (torch.randn(B, S_kv, H_kv, D, dtype=dtype, device="cuda") for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", SPLIT_TAIL_CASES, ids=lambda c: "B{}_Sq{}_Skv{}_H{}-{}_D{}".format(*c))
+def test_split_tail_matches_reference_with_the_same_bits_every_launch(rt, case, dtype):
+    """Every split tile's two pieces merge into the reference's O and LSE whichever arrives first (five launches
+    give the same bits), and every launch leaves the counters 0 (a counter left non-zero would merge a piece with a
+    stale partial or wait forever)."""
+    q, k, v = _dense(*case, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    ref, ref_lse = _reference(q, k, v)
+    first = None
+    for i in range(5):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((case[0], case[3], case[1]), float("nan"), device="cuda")
+        rt.prefill(q, k, v, out, lse, causal=False, family=FAMILY)
+        check_close(out, ref, TOL[dtype], f"split tail {case} launch {i}")
+        check_close(lse, ref_lse, LSE_TOL, f"split tail {case} LSE launch {i}")
+        if first is None:
+            first = (out, lse)
+        assert torch.equal(out, first[0]) and torch.equal(lse, first[1]), f"launch {i}: other bits than launch 0"
+
+
+def test_split_tail_on_two_streams_at_once(rt):
+    """Each stream merges through a split workspace of its own: launches queued on two streams run at the same time
+    and each gets its own call's result."""
+    _on_two_streams(rt, *_dense(*SPLIT_TAIL_CASES[0]), False, lambda q, k, v: _reference(q, k, v)[0])
+
+
+def test_split_tail_in_a_cuda_graph(rt):
+    """A captured launch keeps its capture stream's split workspace; every replay leaves its counters 0."""
+    _graph_replays(rt, *_dense(*SPLIT_TAIL_CASES[4]), False, lambda q, k, v: _reference(q, k, v)[0])
