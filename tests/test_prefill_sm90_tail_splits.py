@@ -14,8 +14,8 @@ import pytest
 import aotc.runtime.prefill as P
 from aotc.common.variant import Variant
 from aotc.families import get_family
-from aotc.families.sdpa_prefill_sm90 import (PARAMS, TAIL_SPLIT_MIN_BLOCKS, split_workspace_bytes, tail_split_pieces,
-                                             tail_splits)
+from aotc.families.sdpa_prefill_sm90 import (PARAMS, TAIL_SPLIT_HEAD_DIMS, TAIL_SPLIT_MIN_BLOCKS, split_workspace_bytes,
+                                             tail_split_pieces, tail_splits)
 from aotc.runtime import tensor
 from aotc.runtime.validate import packed_strides
 from recorded_launch import SPLITS, OneTile, RecordingSlot, record_launches, split_arena, stream_counters
@@ -84,12 +84,14 @@ def test_the_tail_ends_the_launch_sooner_at_the_issue_s_shapes():
 
 @pytest.mark.parametrize("layout,causal,splits", [("dense", False, True), ("dense", True, False),
                                                   ("ragged", False, False), ("paged16", True, False)])
-def test_only_dense_non_causal_variants_split_their_tail(layout, causal, splits):
+def test_only_dense_non_causal_d128_and_d256_variants_split_their_tail(layout, causal, splits):
+    """D64's kernels keep their rounds whole (TAIL_SPLIT_HEAD_DIMS: split, they took more SM cycles)."""
     for head_dim, block_n in ((64, 128), (128, 128), (128, 176), (256, 80)):
         v = Variant.make("sdpa_prefill_sm90", "sm_90a", dtype="bf16", head_dim=head_dim, layout=layout, causal=causal,
                          block_n=block_n)
-        assert tail_splits(v) is splits
-        assert get_family("sdpa_prefill_sm90").launch(v).extra["tail_splits"] is splits
+        want = splits and head_dim in TAIL_SPLIT_HEAD_DIMS
+        assert tail_splits(v) is want and TAIL_SPLIT_HEAD_DIMS == (128, 256)
+        assert get_family("sdpa_prefill_sm90").launch(v).extra["tail_splits"] is want
 
 
 class FakeRuntime(OneTile):

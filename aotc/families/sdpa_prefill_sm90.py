@@ -288,14 +288,20 @@ def split_workspace_bytes(ctas: int, block_m: int, head_dim: int) -> tuple[int, 
 # to the boundary's workspace slot; the second merges them with its own before its one store of O
 # (aotc.kernels.sdpa_prefill_sm90: pair_arrive). A launch splits when every CTA has a whole round to run (T >= n),
 # T % n > 0 and a tile has at least TAIL_SPLIT_MIN_BLOCKS kv blocks: a piece's Q load, partial and merge cost about a
-# block's time.
+# block's time. Measured under ncu at base clocks (SM cycles, bf16, H 16; benchmarks/results/prefill_split_tail.json):
+# D128 1.5-2.2% fewer at S 4096-16384, D256 1.3-3.1% at S 2048-16384, SMs active 98.5-99.8% of the launch against
+# 95.3-96.5%, and the same cycles (0.1%) at H 33, whose launches do not split. D64 took 1.3% more at S 4096 (its
+# tensor pipe 56% busy against 59%: its kernel's loops as ptxas scheduled them with the tail's copy), so D64 keeps
+# its rounds whole (TAIL_SPLIT_HEAD_DIMS).
 TAIL_SPLIT_MIN_BLOCKS = 8
+TAIL_SPLIT_HEAD_DIMS = (128, 256)
 
 
 def tail_splits(variant: Variant) -> bool:
     """Whether the variant's kernel splits its launch's tail (launch fact tail_splits: the runtime gives it a split
-    workspace and kv_splits_max 2): the dense non-causal kernels."""
-    return variant["layout"] == "dense" and not variant["causal"]
+    workspace and kv_splits_max 2): the dense non-causal kernels of TAIL_SPLIT_HEAD_DIMS."""
+    return (variant["layout"] == "dense" and not variant["causal"]
+            and int(variant["head_dim"]) in TAIL_SPLIT_HEAD_DIMS)
 
 
 def tail_split_pieces(tiles: int, ctas: int, kv_blocks: int) -> dict[int, list[tuple[int, int, int, int, int]]]:

@@ -23,8 +23,8 @@ each tile after its first from the runtime's counter once its producer has issue
 (tile_scheduler.RaggedTiles: unpaged_ragged_tile, paged_tile, draw_next; the producer locates each tile and
 hands it to the other warps whole, publish_tile/take_tile). A paged launch of fewer tiles than CTAs splits each
 tile's kv blocks over several CTAs (KV splits: item_kv_range, tile_splits), whose fp32 partials the last split of
-a tile to arrive merges in its epilogue (split_arrive, merge_splits). A dense non-causal launch whose tiles do not fill
-its last round runs all but its last two rounds of whole tiles, then the last gridDim.x + tiles % gridDim.x tiles' kv
+a tile to arrive merges in its epilogue (split_arrive, merge_splits). A dense non-causal D128 or D256 launch whose tiles
+do not fill its last round (the family's tail_splits) runs all but its last two rounds of whole tiles, then the last gridDim.x + tiles % gridDim.x tiles' kv
 blocks cut into one equal range a CTA (the split tail: PersistentTiles.tail_plan, tail_piece); a tile cut between two
 CTAs is merged by the piece arriving second (pair_arrive).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the

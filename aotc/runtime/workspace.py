@@ -3,7 +3,8 @@
 A decode step whose sequences split over several CTAs writes fp32 partials and int32 counters into a
 workspace (aotc.runtime.decode.workspace_layout: partials from the front, counters ending at the back, so
 one buffer of at least the largest partials plus the largest counters serves every plan); the paged prefill
-kernel's KV splits do the same (aotc.families.sdpa_prefill_sm90.split_workspace_bytes). A plan that owned its
+kernel's KV splits and the dense non-causal Hopper prefill's split tail do the same
+(aotc.families.sdpa_prefill_sm90.split_workspace_bytes: 8.9 MB at D128 and 17.6 MB at D256 on 132 SMs). A plan that owned its
 buffer freed it with itself; but the one-call APIs' plan cache evicts its oldest plans (Runtime.MAX_PLANS),
 and a CUDA graph captured with an evicted plan's launch then wrote into freed memory; and a serving engine's
 plans (one a layer and batch size) held megabytes each. The arena belongs to the Runtime and no buffer it

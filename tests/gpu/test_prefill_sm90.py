@@ -248,9 +248,10 @@ def test_drawn_tiles_in_a_cuda_graph(rt):
 
 
 # The split tail of dense non-causal launches (aotc.families.sdpa_prefill_sm90.TAIL_SPLIT_MIN_BLOCKS): more tiles than
-# SMs, not a whole number of rounds, and at least 8 kv blocks a tile, at every head dim and both D128 tiles (S_kv 8269
-# runs the 176 tile); S_kv past a block's multiple puts the masked last block in a split piece, S_q past block_m's a
-# short tile among the pieces. (B, S_q, S_kv, H_q, H_kv, D); the tiles' count and rounds on 132 SMs in the comment.
+# SMs, not a whole number of rounds, and at least 8 kv blocks a tile, at D128 (both tiles: S_kv 8269 runs the 176 one)
+# and D256; S_kv past a block's multiple puts the masked last block in a split piece, S_q past block_m's a short tile
+# among the pieces. D64 keeps its rounds whole (TAIL_SPLIT_HEAD_DIMS): its case checks the same shape class unsplit.
+# (B, S_q, S_kv, H_q, H_kv, D); the tiles' count and rounds on 132 SMs in the comment.
 SPLIT_TAIL_CASES = [
     (2, 1024, 1100, 40, 8, 128),  # 640 tiles: 4 rounds + 112, 9 kv blocks a tile
     (1, 1000, 3000, 35, 7, 128),  # 280: 2 + 16, 24 blocks, the last query tile of 104 rows
