@@ -138,7 +138,9 @@ class PersistentTiles:
         """Non-causal, a split tail allowed (may_split != 0: the runtime gave a workspace): (static rounds, u0, u1,
         work items) of CTA `cta`, the split tail's kv blocks [u0, u1) of its tiles laid end to end
         (aotc.families.sdpa_prefill_sm90.tail_split_pieces is the same plan in plain Python). Without a split the
-        static rounds are every round and [u0, u1) is empty."""
+        static rounds are every round and [u0, u1) is empty. u0 and u1 are 32-bit: the tail's blocks, at most
+        (2 n_ctas - 1) * kv_blocks, stay below 2^31 up to 8.1M kv blocks a tile (S_kv of 650M keys at D256, whose K
+        alone would be 334 GB)."""
         tiles = m_blocks * n_bh
         static_rounds = (tiles + (n_ctas - 1)) // n_ctas
         full = tiles // n_ctas
