@@ -1,12 +1,15 @@
-"""Why fp16 prefill runs slower than bf16: SM clock and board power while each runs, aotc beside cuDNN.
+"""SM clock and board power while prefill kernels run: why fp16 runs slower than bf16 (aotc beside cuDNN), or why a
+kernel that takes fewer SM cycles than FA3 is not faster in time (--contenders aotc,fa3 --dtype bf16).
 
     python benchmarks/probes/fp16_power_probe.py --bundle artifacts/default.aotc --out benchmarks/results
+    python benchmarks/probes/fp16_power_probe.py --contenders aotc,fa3 --dtype bf16 --head-dim 256 \
+        --name power_probe_d256_fa3.json
 
-D128, non-causal, B 1 x S 16384, H 16, random normal inputs (as bench_prefill). Each contender
-(aotc's dispatched kernel and torch SDPA's cuDNN backend, in bf16 and fp16) launches back to back for
---seconds while `nvidia-smi -lms 50` samples the SM clock, power draw and temperature; TFLOP/s comes
-from CUDA events over the same window. Order: bf16, fp16, fp16, bf16 per contender (drift shows).
-Writes fp16_power_probe.json.
+Non-causal, B 1 x S 16384, H 16 (D128 unless --head-dim), random normal inputs (as bench_prefill). Each contender
+(aotc's dispatched kernel, torch SDPA's cuDNN backend, FA3 from the fa3-fwd wheel on bf16) launches back to back for
+--seconds while `nvidia-smi -lms 50` samples the SM clock, power draw and temperature; TFLOP/s comes from CUDA events
+over the same window. Order: each dtype, then again reversed, per contender (drift shows). Writes --name
+(fp16_power_probe.json).
 """
 from __future__ import annotations
 
@@ -63,6 +66,10 @@ def main() -> None:
     ap.add_argument("--bundle", default=str(ROOT / "artifacts" / "default.aotc"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--contenders", default="aotc,cudnn", help="comma-separated: aotc, cudnn, fa3 (bf16 only)")
+    ap.add_argument("--dtype", action="append", choices=("bf16", "fp16"), help="repeatable (default bf16 and fp16)")
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    ap.add_argument("--name", default="fp16_power_probe.json")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -72,11 +79,18 @@ def main() -> None:
     from benchmarks.bench_runtime import git_commit
 
     rt = aotc.runtime.load(args.bundle)
-    B, S, H, D = 1, 16384, 16, 128
+    B, S, H, D = 1, 16384, 16, args.head_dim
     flops = 4 * B * H * S * S * D
     rows = []
-    for contender in ("aotc", "cudnn"):
-        for dtype_name in ("bf16", "fp16", "fp16", "bf16"):
+    dtypes = args.dtype or ["bf16", "fp16"]
+    fa3 = None
+    if "fa3" in args.contenders.split(","):
+        from benchmarks.bench_runtime import import_fa3
+        fa3 = import_fa3()
+    for contender in args.contenders.split(","):
+        for dtype_name in dtypes + dtypes[::-1]:
+            if contender == "fa3" and dtype_name != "bf16":
+                continue
             dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
             gen = torch.Generator(device="cuda").manual_seed(0)
             q, k, v = (torch.randn(B, S, H, D, dtype=dt, device="cuda", generator=gen) for _ in range(3))
@@ -87,6 +101,9 @@ def main() -> None:
 
                 def fn():
                     plan.run(*ptrs, 0, 0, 0, torch.cuda.current_stream().cuda_stream)
+            elif contender == "fa3":
+                def fn():
+                    fa3.flash_attn_func(q, k, v, causal=False)
             else:
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
@@ -104,7 +121,7 @@ def main() -> None:
               "command": "python benchmarks/probes/fp16_power_probe.py " + " ".join(sys.argv[1:]),
               "shape": {"B": B, "S": S, "H": H, "D": D, "causal": False}, "rows": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "fp16_power_probe.json").write_text(json.dumps(result, indent=1))
+    (Path(args.out) / args.name).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
