@@ -25,6 +25,7 @@ os.environ.setdefault("CUTE_DSL_NO_CACHE", "1")
 pytest.importorskip("cutlass")
 
 from aotc.common.variant import Variant  # noqa: E402
+from aotc.families.sdpa_prefill_sm90 import tail_splits  # noqa: E402
 from aotc.kernels import sdpa_prefill_sm90 as kernel  # noqa: E402
 from benchmarks.probes.sass_loops import between_waits, disassemble, kv_loops, nvdisasm  # noqa: E402
 
@@ -59,11 +60,11 @@ def test_the_softmax_overlaps_the_pv_gemm(tmp_path, head_dim, block_n, causal):
     assert loops, "no kv loop found in the SASS"
     windows = [between_waits(body) for body in loops]
     counts = [sum("MUFU.EX2" in op for op in w) for w in windows]
-    if not causal:
+    if tail_splits(v):
         # the split tail's pieces run a copy of the loops of their own, after the whole rounds' in the code; a
         # non-causal tile masks only its first block (first_block, before the loops), so of each copy only the
         # unmasked loop, the shorter, runs: the whole rounds' (nearly all the work) is held to what was measured
-        assert len(loops) in (2, 4), f"{len(loops)} kv loops: expected the whole rounds' and the split tail's copies"
+        assert len(loops) == 4, f"{len(loops)} kv loops: expected the whole rounds' two and the split tail's two"
         counts = [min(zip(loops[:2], counts[:2]), key=lambda lc: len(lc[0]))[1]]
     assert min(counts) >= EXP2S_BEFORE_PV_WAIT[head_dim, block_n, causal], (
         f"exp2s before the PV wait per kv loop: {counts}: ptxas now waits for PV earlier in the softmax; "
