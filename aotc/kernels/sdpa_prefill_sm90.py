@@ -24,9 +24,10 @@ each tile after its first from the runtime's counter once its producer has issue
 hands it to the other warps whole, publish_tile/take_tile). A paged launch of fewer tiles than CTAs splits each
 tile's kv blocks over several CTAs (KV splits: item_kv_range, tile_splits), whose fp32 partials the last split of
 a tile to arrive merges in its epilogue (split_arrive, merge_splits). A dense non-causal D128 or D256 launch whose tiles
-do not fill its last round (the family's tail_splits) runs all but its last two rounds of whole tiles, then the last gridDim.x + tiles % gridDim.x tiles' kv
-blocks cut into one equal range a CTA (the split tail: PersistentTiles.tail_plan, tail_piece); a tile cut between two
-CTAs is merged by the piece arriving second (pair_arrive).
+do not fill its last round (the family's tail_splits) runs all but its last two rounds of whole tiles, then the
+last gridDim.x + tiles % gridDim.x tiles' kv blocks cut into one equal range a CTA (the split tail:
+PersistentTiles.tail_plan, tail_piece); a tile cut between two CTAs is merged by the piece arriving second
+(pair_arrive).
 A CTA is 1 + block_m / 64 warpgroups (3 or 4, 384 or 512 threads; REGISTERS gives the split of the
 registers the CTA is launched with, RAGGED_REGISTERS for ragged and paged layouts, FP8_REGISTERS (56 / 224)
 over fp8 pools, whose tiles have two consumer warpgroups):
@@ -369,11 +370,17 @@ class SdpaPrefillSm90:
     # and where splits > 1 the item index of the tile's split 0, whose counters and partial slots it names)
     @cute.jit
     def item_kv_range(self, kv_range, word):
-        """kv_range (paged_kv_range) cut to the item's split: (lo, hi, n_mask_min, n_left_end) with the mask bounds
-        clamped into [lo, hi], so kv_loop_segments' segments stay inside the split's blocks."""
-        n_min, n_max, n_mask_min, n_left_end = kv_range
+        """kv_range (paged_kv_range) cut to the item's split (clamp_kv_range)."""
+        n_min, n_max, _, _ = kv_range
         lo, hi = kv_split_range(n_min, n_max, word & 255, (word >> 8) & 255)
-        return (lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi))
+        return self.clamp_kv_range(kv_range, lo, hi)
+
+    @cute.jit
+    def clamp_kv_range(self, kv_range, lo, hi):
+        """kv_range cut to its blocks [lo, hi) (a KV split's, a split tail's piece's): (lo, hi, n_mask_min,
+        n_left_end) with the mask bounds clamped into [lo, hi], so kv_loop_segments' segments stay inside them."""
+        _, _, n_mask_min, n_left_end = kv_range
+        return lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi)
 
     @cute.jit
     def launch_splits(self, n_tiles, kv_splits_max):
@@ -1580,8 +1587,8 @@ class SdpaPrefillSm90:
                         tail = (m_blocks, n_bh, n_ctas, first_tile, seqlen_kv, kv_splits_max)
                         static_rounds, _, _, _, _ = self.tail_plan(tail)
                     for i in cutlass.range(static_rounds, unroll=1):
-                        valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q, batch,
-                                                               pairs)
+                        valid, m_block, head, bidx = self.scheduler.work_item(i, first_tile, n_ctas, m_blocks, heads_q,
+                                                                              batch, pairs)
                         q_start, s_q, kv_start, s_kv = seq_bounds(bidx, seqlen_q, seqlen_kv, cu_seqlens_q,
                                                                   cu_seqlens_kv, False)
                         if valid != 0 and m_block * self.bm < s_q:
@@ -1826,8 +1833,7 @@ class SdpaPrefillSm90:
         tile = SimpleNamespace(**vars(ctx))
         if cutlass.const_expr(piece is not None):
             lo, hi, word = piece
-            _, _, n_mask_min, n_left_end = kv_range
-            kv_range = (lo, hi, cutlass.min(cutlass.max(n_mask_min, lo), hi), cutlass.min(cutlass.max(n_left_end, lo), hi))
+            kv_range = self.clamp_kv_range(kv_range, lo, hi)
             tile.split_word = word
         tile.m_block = m_block
         tile.s_q = s_q
