@@ -85,11 +85,9 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import aotc.runtime
-    from benchmarks.bench_runtime import git_commit
+    from benchmarks.bench_runtime import git_commit, load_baselines
 
-    runtimes = {"aotc": aotc.runtime.load(args.bundle)}
-    for i, path in enumerate(args.baseline_bundle):
-        runtimes["base" if i == 0 else f"base{i + 1}"] = aotc.runtime.load(path)
+    runtimes = {"aotc": aotc.runtime.load(args.bundle), **load_baselines(args.baseline_bundle)}
     contenders = args.contenders.split(",")
     for name in contenders:
         if name not in (*runtimes, "cudnn", "fa3"):
